@@ -1,0 +1,217 @@
+"""Deterministic virtual time for asyncio (contract §11).
+
+:class:`VirtualTimeLoop` is a selector event loop whose clock only moves when the loop
+would otherwise sleep: when every task is idle and the next timer is in the future, the
+clock jumps straight to that timer instead of waiting for it. Timers, ``asyncio.sleep``,
+``asyncio.timeout`` and everything envq schedules therefore run in order, instantly and
+reproducibly.
+
+Work handed to threads (``loop.run_in_executor``) is real work the loop cannot see
+into, so while such a call is running the loop first waits up to ``thread_grace`` real
+seconds for it before letting virtual time jump; a thread blocked for longer than that
+behaves as a stuck thread would (the virtual clock moves on without it).
+
+Usage::
+
+    from envq.testing import run
+
+    async def main() -> None:
+        await asyncio.sleep(3600)          # returns at once; loop.time() is 3600 later
+
+    run(main())
+
+The pytest plugin :mod:`envq.pytest_plugin` runs every ``async def`` test on this loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import Executor
+from typing import Any, Final, TypeVar
+
+__all__ = ["VirtualTimeDeadlock", "VirtualTimeLoop", "advance", "run"]
+
+T = TypeVar("T")
+
+#: The virtual clock's value when a loop is created.
+EPOCH: Final = 0.0
+
+
+class VirtualTimeDeadlock(RuntimeError):
+    """The virtual-time loop has nothing scheduled, no thread at work and no I/O.
+
+    A real loop would hang here forever; the virtual one gives up after
+    ``idle_timeout`` real seconds and raises this instead.
+    """
+
+
+class _Threads:
+    """Counts executor calls that are queued or running (thread-safe)."""
+
+    __slots__ = ("busy", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.busy = 0
+
+
+class _Job:
+    __slots__ = ("args", "dead", "fn", "started", "threads")
+
+    def __init__(self, threads: _Threads, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.threads = threads
+        self.fn = fn
+        self.args = args
+        self.started = False
+        self.dead = False
+
+    def run(self) -> Any:
+        threads = self.threads
+        with threads.lock:
+            if self.dead:
+                return None
+            self.started = True
+        try:
+            return self.fn(*self.args)
+        finally:
+            with threads.lock:
+                threads.busy -= 1
+
+    def on_done(self, fut: asyncio.Future[Any]) -> None:
+        # The awaiting future was cancelled before the thread picked the job up: the
+        # job will never run, so it must stop counting as busy.
+        threads = self.threads
+        with threads.lock:
+            if not self.started and not self.dead:
+                self.dead = True
+                threads.busy -= 1
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """Wraps the real selector; turns would-be sleeps into clock jumps."""
+
+    def __init__(self, real: selectors.BaseSelector) -> None:
+        self._real = real
+        self.loop: VirtualTimeLoop | None = None
+
+    def register(
+        self, fileobj: Any, events: int, data: Any = None
+    ) -> selectors.SelectorKey:
+        return self._real.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.modify(fileobj, events, data)
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.get_key(fileobj)
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self._real.get_map()
+
+    def close(self) -> None:
+        self._real.close()
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        loop = self.loop
+        assert loop is not None
+        ready = self._real.select(0)
+        if ready or (timeout is not None and timeout <= 0):
+            return ready
+        if loop._threads.busy:
+            grace = loop.thread_grace if timeout is None else min(timeout, loop.thread_grace)
+            # A thread that finishes wakes the loop through its self-pipe, so this
+            # returns as soon as the thread is done.
+            ready = self._real.select(grace)
+            if ready:
+                return ready
+        if timeout is None:
+            ready = self._real.select(loop.idle_timeout)
+            if not ready:
+                raise VirtualTimeDeadlock(
+                    f"virtual-time loop idle for {loop.idle_timeout} real seconds with no "
+                    "timer, thread or I/O pending: the awaited result can never arrive"
+                )
+            return ready
+        loop._now += timeout
+        return []
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """A selector event loop on a virtual clock.
+
+    ``loop.time()`` starts at 0 and only moves when the loop is idle and a timer is
+    due in the future: it then jumps to that timer. ``wall_time()`` is a matching
+    virtual wall clock (seconds since the epoch), which envq uses to turn an
+    envelope's ``not_before`` into a delay.
+
+    :param wall_start: the wall-clock value at virtual time 0 (default: real now).
+    :param thread_grace: real seconds to wait for a running executor call before
+        letting virtual time jump past it.
+    :param idle_timeout: real seconds of total idleness before
+        :class:`VirtualTimeDeadlock` is raised.
+    """
+
+    def __init__(
+        self,
+        *,
+        wall_start: float | None = None,
+        thread_grace: float = 0.5,
+        idle_timeout: float = 30.0,
+    ) -> None:
+        selector = _VirtualSelector(selectors.DefaultSelector())
+        self._now = EPOCH
+        self._threads = _Threads()
+        self.thread_grace = thread_grace
+        self.idle_timeout = idle_timeout
+        self._wall_start = time.time() if wall_start is None else wall_start
+        super().__init__(selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        """The virtual monotonic clock, in seconds."""
+        return self._now
+
+    def wall_time(self) -> float:
+        """The virtual wall clock: ``wall_start`` plus the virtual time elapsed."""
+        return self._wall_start + (self._now - EPOCH)
+
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[..., T], *args: Any
+    ) -> asyncio.Future[T]:
+        """As the base loop's, but the loop knows the call is at work in a thread."""
+        with self._threads.lock:
+            self._threads.busy += 1
+        job = _Job(self._threads, func, args)
+        fut: asyncio.Future[T] = super().run_in_executor(executor, job.run)
+        fut.add_done_callback(job.on_done)
+        return fut
+
+
+async def advance(seconds: float) -> None:
+    """Let ``seconds`` of loop time pass (instantly on a virtual-time loop)."""
+    await asyncio.sleep(seconds)
+
+
+def run(
+    coro: Coroutine[Any, Any, T],
+    *,
+    wall_start: float | None = None,
+    thread_grace: float = 0.5,
+    idle_timeout: float = 30.0,
+) -> T:
+    """Run ``coro`` to completion on a fresh :class:`VirtualTimeLoop`, then close it."""
+
+    def factory() -> asyncio.AbstractEventLoop:
+        return VirtualTimeLoop(
+            wall_start=wall_start, thread_grace=thread_grace, idle_timeout=idle_timeout
+        )
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
