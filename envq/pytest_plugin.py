@@ -20,9 +20,7 @@ from envq.testing import run
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the ``real_clock`` marker."""
-    config.addinivalue_line(
-        "markers", "real_clock: run this async test on a real asyncio loop"
-    )
+    config.addinivalue_line("markers", "real_clock: run this async test on a real asyncio loop")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -31,11 +31,12 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Executor
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, TypeVarTuple, Unpack
 
 __all__ = ["VirtualTimeDeadlock", "VirtualTimeLoop", "advance", "run"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 #: The virtual clock's value when a loop is created.
 EPOCH: Final = 0.0
@@ -98,9 +99,7 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real = real
         self.loop: VirtualTimeLoop | None = None
 
-    def register(
-        self, fileobj: Any, events: int, data: Any = None
-    ) -> selectors.SelectorKey:
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
@@ -183,7 +182,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return self._wall_start + (self._now - EPOCH)
 
     def run_in_executor(
-        self, executor: Executor | None, func: Callable[..., T], *args: Any
+        self, executor: Executor | None, func: Callable[[Unpack[Ts]], T], *args: *Ts
     ) -> asyncio.Future[T]:
         """As the base loop's, but the loop knows the call is at work in a thread."""
         with self._threads.lock:

@@ -1,0 +1,1184 @@
+"""The queue: lifecycle, admission, workers and the outcome interpreter (contract §3–§6).
+
+Every state change goes through the tables of :mod:`envq._machine`: the lifecycle
+methods look up ``LIFECYCLE[(state, call)]`` and hand the row to :meth:`Queue._life`,
+which performs its action; the worker looks up ``OUTCOMES[(kind, outcome)]`` and hands
+the row to :meth:`Queue._settle`. Both end in ``assert_never``, so mypy proves every
+action is handled. Envelope moves go through :meth:`Queue._move` (checked against
+``ENVELOPE_MOVES`` when ``envq._machine.STRICT`` is on), and every envelope state has
+one entry routine, :meth:`Queue._enter`.
+
+Per-envelope bookkeeping lives in ``Queue._live`` (envelope → :class:`_Rec`), an
+insertion-ordered dict: its keys are exactly the live envelopes, in admission order,
+so ``capacity_used`` is ``len(_live)`` and cannot drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import math
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType, TracebackType
+from typing import Any, Final, NoReturn, assert_never, cast
+
+from envq import _machine
+from envq._envelope import Envelope, Invoker, Stamp, is_async_callable
+from envq._errors import (
+    BadEnvelope,
+    CapacityExceeded,
+    DoNotRetry,
+    EnvqError,
+    MaxRetriesExceeded,
+    StopEnvelope,
+    StopType,
+    TypeBlacklisted,
+)
+from envq._limits import RateLimiter
+from envq._machine import (
+    DECISION_TARGET,
+    DISPATCHING,
+    ENVELOPE_MOVES,
+    LIFECYCLE,
+    OUTCOMES,
+    PARK_INSTEAD,
+    SHELVE_TARGET,
+    Action,
+    CancelCause,
+    EnvEvent,
+    EnvState,
+    Kind,
+    LifeAction,
+    LifeRow,
+    Outcome,
+    OutcomeRow,
+    QueueCall,
+    QueueState,
+)
+from envq._values import (
+    Decision,
+    Event,
+    HookTimeout,
+    Schedule,
+    Statistics,
+    StopMode,
+    StopReport,
+    drop,
+)
+
+__all__ = ["Queue"]
+
+log = logging.getLogger("envq")
+
+_NAME = re.compile(r"[A-Za-z0-9:_]+\Z")
+
+_READY: Final = EnvState.READY
+_RUNNING_E: Final = EnvState.RUNNING
+_OK: Final = Outcome.OK
+_RUNNING_Q: Final = QueueState.RUNNING
+
+#: Control signals raised by user code, first match wins (StopType before StopEnvelope).
+_SIGNALS: Final[tuple[tuple[type[BaseException], Outcome], ...]] = (
+    (StopType, Outcome.STOP_TYPE),
+    (StopEnvelope, Outcome.STOP),
+    (DoNotRetry, Outcome.NO_RETRY),
+)
+
+Listener = Callable[[Event], object]
+
+
+class _Rec:
+    """Bookkeeping of one live envelope. ``due`` means: READY/RUNNING — the scheduled
+    start of the run; DELAYED — the loop time it becomes ready; BUFFERED/PARKED — the
+    delay still to wait when armed."""
+
+    __slots__ = ("attempts", "due", "failures", "handle", "kind", "seq", "state")
+
+    def __init__(self, kind: Kind, seq: int) -> None:
+        self.state = EnvState.NEW
+        self.kind = kind
+        self.seq = seq
+        self.due = 0.0
+        self.handle: asyncio.TimerHandle | None = None
+        self.attempts = 0
+        self.failures = 0
+
+
+class _Worker:
+    __slots__ = ("cancel_cause", "cancellable", "env", "epoch", "task")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.env: Envelope | None = None
+        self.cancellable = False
+        self.cancel_cause: CancelCause | None = None
+        self.task: asyncio.Task[None] | None = None
+
+
+class _StopRun:
+    """One stop under way."""
+
+    __slots__ = ("cancelled", "cause", "completed", "done", "mode", "spared")
+
+    def __init__(self, mode: StopMode, cause: CancelCause | None, done: asyncio.Future[None]):
+        self.mode = mode
+        self.cause = cause
+        self.completed: list[Envelope] = []
+        self.cancelled: list[Envelope] = []
+        self.done = done
+        self.spared: _Worker | None = None
+
+
+class _Waiter:
+    __slots__ = ("envs", "fut")
+
+    def __init__(self, envs: tuple[Envelope, ...], fut: asyncio.Future[None]) -> None:
+        self.envs = envs
+        self.fut = fut
+
+
+class _ThreadJob:
+    """A plain callable on the queue's thread pool; knows whether it is still running."""
+
+    __slots__ = ("abandoned", "args", "ctx", "finished", "fn")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.ctx = contextvars.copy_context()
+        self.finished = False
+        self.abandoned = False
+
+    def __call__(self) -> Any:
+        try:
+            return self.ctx.run(self.fn, *self.args)
+        finally:
+            self.finished = True
+
+
+#: The worker whose task (or a task it spawned) is the current one.
+_WORKER: contextvars.ContextVar[tuple[Queue, _Worker] | None] = contextvars.ContextVar(
+    "envq_worker", default=None
+)
+
+
+class Queue:
+    """A named, bounded, asyncio-native worker pool that runs envelopes (contract §3).
+
+    :param name: ``[a-zA-Z0-9:_]+``; used in messages, logs and metric labels.
+    :param workers: number of concurrent attempts (> 0).
+    :param capacity: most envelopes in non-terminal states at once; 0 = unlimited.
+    :param stop_mode: the default :class:`StopMode` of ``stop()``.
+    :param wait: whether ``stop()`` waits until nothing is in flight (default True).
+    :param stamps: queue-level middleware, outermost, in list order.
+    :param rate: a dispatch limiter (e.g. :class:`envq.TokenBucket`): each dispatch
+        waits ``rate.when(env)``.
+    :param limiter: a failure-retry limiter: every retry waits at least
+        ``limiter.when(env)``; ``limiter.forget(env)`` when the envelope succeeds or ends.
+    :param hook_timeout: the hooks' time budgets.
+    :param threads: size of the thread pool for plain callables (default
+        ``min(32, workers + 4)``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        workers: int = 1,
+        capacity: int = 0,
+        stop_mode: StopMode = StopMode.DRAIN,
+        wait: bool = True,
+        stamps: Iterable[Stamp] = (),
+        rate: RateLimiter | None = None,
+        limiter: RateLimiter | None = None,
+        hook_timeout: HookTimeout = HookTimeout(),  # noqa: B008 - frozen value
+        threads: int | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"Queue name must match [a-zA-Z0-9:_]+, got {name!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"Queue {name!r}: workers must be an int > 0, got {workers!r}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise ValueError(f"Queue {name!r}: capacity must be an int >= 0, got {capacity!r}")
+        if not isinstance(stop_mode, StopMode):
+            raise ValueError(f"Queue {name!r}: stop_mode must be a StopMode, got {stop_mode!r}")
+        if not isinstance(hook_timeout, HookTimeout):
+            raise ValueError(
+                f"Queue {name!r}: hook_timeout must be a HookTimeout, got {hook_timeout!r}"
+            )
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ValueError(f"Queue {name!r}: threads must be an int > 0, got {threads!r}")
+        stamps = tuple(stamps)
+        for stamp in stamps:
+            if not callable(stamp):
+                raise ValueError(f"Queue {name!r}: stamps must be callables, got {stamp!r}")
+        for label, lim in (("rate", rate), ("limiter", limiter)):
+            if lim is not None and not isinstance(lim, RateLimiter):
+                raise ValueError(
+                    f"Queue {name!r}: {label} must have when/forget/retries, got {lim!r}"
+                )
+        self.name: Final = name
+        self.workers: Final = workers
+        self.capacity: Final = capacity
+        self.stop_mode: Final = stop_mode
+        self.wait: Final = wait
+        self.stamps: Final[tuple[Stamp, ...]] = stamps
+        self.rate: Final = rate
+        self.limiter: Final = limiter
+        self.hook_timeout: Final = hook_timeout
+        self._threads = threads or min(32, workers + 4)
+
+        self._state = QueueState.INIT
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._live: dict[Envelope, _Rec] = {}
+        self._ready: deque[Envelope] = deque()
+        self._idle: deque[asyncio.Future[bool]] = deque()
+        self._pool_: ThreadPoolExecutor | None = None
+        self._epoch = 0
+        self._crew: list[_Worker] = []
+        self._listeners: list[Listener] = []
+        self._observed = _machine.STRICT
+        self._blacklist: set[str] = set()
+        self._waiters: deque[_Waiter] = deque()
+        self._run: _StopRun | None = None
+        self._last_report = StopReport()
+        self._stopped_waiters: list[asyncio.Future[None]] = []
+        #: (admission number, envelope) handed back by the terminate under way.
+        self._handed: list[tuple[int, Envelope]] = []
+        self._seq = 0
+        self._jobs: set[_ThreadJob] = set()
+        # Statistics.
+        self._terminal = dict.fromkeys(_machine.TERMINAL_STATES, 0)
+        self._outcomes = dict.fromkeys(Outcome, 0)
+        self._dedups = 0
+        self._rejections = dict.fromkeys(
+            ("state", "invalid", "blacklisted", "foreign", "capacity"), 0
+        )
+        #: What ``async with`` handed back on exit.
+        self.leftovers: list[Envelope] = []
+
+    # ----------------------------------------------------------------------------------
+    # Public API
+    # ----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> QueueState:
+        """The lifecycle state."""
+        return self._state
+
+    @property
+    def capacity_used(self) -> int:
+        """The number of envelopes in non-terminal states (buffered and parked included)."""
+        return len(self._live)
+
+    def __repr__(self) -> str:
+        return f"<envq.Queue {self.name!r} {self._state.name} {len(self._live)} live>"
+
+    def start(self) -> None:
+        """Start (or restart) the queue; needs a running event loop.
+
+        From INIT, buffered envelopes are armed; from STOPPED, parked ones are re-armed
+        with the delay they had left. A no-op when RUNNING; raises
+        :class:`envq.QueueStopping` / :class:`envq.QueueTerminated` when STOPPING /
+        TERMINATED.
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            raise RuntimeError(f"queue {self.name!r} is bound to another event loop")
+        self._loop = loop
+        self._life(LIFECYCLE[(self._state, QueueCall.START)], QueueCall.START)
+
+    def send(self, *envelopes: Envelope) -> None:
+        """Admit envelopes; all or nothing; never blocks.
+
+        Checks, in order: queue state, validation, type blacklist, dedup, capacity.
+        An envelope already live in this queue is skipped (deduplicated).
+
+        :raises QueueStopping, QueueNotRunning, QueueTerminated: wrong state.
+        :raises BadEnvelope: not an envelope, or live in another queue.
+        :raises TypeBlacklisted: its ``type`` was blacklisted by a ``StopType``.
+        :raises CapacityExceeded: the batch does not fit, or producers are waiting in
+            ``send_wait`` (send does not overtake them).
+        """
+        self._life(LIFECYCLE[(self._state, QueueCall.SEND)], QueueCall.SEND, envelopes)
+
+    async def send_wait(
+        self,
+        *envelopes: Envelope,
+        timeout: float | None = None,  # noqa: ASYNC109 - the contract's signature
+    ) -> None:
+        """Like :meth:`send`, but wait for room (first come, first served).
+
+        :raises CapacityExceeded: on ``timeout``, or at once for a batch larger than
+            the capacity.
+        Raises what ``send()`` would raise if the queue changes state while waiting
+        (INIT → RUNNING keeps waiting).
+        """
+        batch = tuple(envelopes)
+        if not self._waiters and self._admit(batch, waiting=True):
+            return
+        distinct = {
+            id(env) for env in batch if not (isinstance(env, Envelope) and env._owner is self)
+        }
+        if self.capacity and len(distinct) > self.capacity:
+            self._rejections["capacity"] += 1
+            raise CapacityExceeded(
+                f"queue {self.name!r}: a batch of {len(distinct)} envelopes can never fit "
+                f"capacity {self.capacity}"
+            )
+        waiter = _Waiter(batch, self._loop_().create_future())
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(waiter.fut)
+        except TimeoutError:
+            if waiter.fut.done() and waiter.fut.exception() is None:
+                return
+            self._drop_waiter(waiter)
+            self._rejections["capacity"] += 1
+            raise CapacityExceeded(
+                f"queue {self.name!r}: no room for {len(batch)} envelope(s) within "
+                f"{timeout!r} s (capacity {self.capacity})"
+            ) from None
+        except asyncio.CancelledError:
+            self._drop_waiter(waiter)
+            raise
+
+    async def stop(
+        self, mode: StopMode | None = None, cancel: bool = False, wait: bool | None = None
+    ) -> StopReport:
+        """Stop the queue (→ STOPPING → STOPPED) and report what the stop did.
+
+        :param mode: :attr:`StopMode.DRAIN` runs ready envelopes first,
+            :attr:`StopMode.STOP` parks them; default: the queue's ``stop_mode``.
+        :param cancel: cancel in-flight attempts (their envelopes are parked); only
+            with ``STOP``, else ``ValueError``.
+        :param wait: override the queue's ``wait`` for this call; with False the
+            report is returned at once (``complete=False``) and :meth:`wait_stopped`
+            returns the final one.
+
+        A no-op stop returns the last final report. Called from inside one of the
+        queue's attempts, it spares the caller and returns at once.
+        """
+        mode = self.stop_mode if mode is None else mode
+        if not isinstance(mode, StopMode):
+            raise ValueError(f"queue {self.name!r}: stop mode must be a StopMode, got {mode!r}")
+        if cancel and mode is StopMode.DRAIN:
+            raise ValueError(
+                f"queue {self.name!r}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)"
+            )
+        row = LIFECYCLE[(self._state, QueueCall.STOP)]
+        waiting = self._life(
+            row, QueueCall.STOP, mode=mode, cause=CancelCause.STOP if cancel else None
+        )
+        if waiting is None:
+            return self._last_report
+        if self._inside() is not None or not (self.wait if wait is None else wait):
+            return self._report()
+        await asyncio.shield(waiting)
+        return self._last_report
+
+    async def wait_stopped(self) -> StopReport:
+        """The final report once the queue is STOPPED (waits for the next stop to end).
+
+        :raises RuntimeError: when called from inside one of the queue's attempts.
+        """
+        if self._inside() is not None:
+            raise RuntimeError(f"queue {self.name!r}: wait_stopped() from inside the queue")
+        if self._state in (QueueState.STOPPED, QueueState.TERMINATED):
+            return self._last_report
+        fut = self._loop_().create_future()
+        self._stopped_waiters.append(fut)
+        await asyncio.shield(fut)
+        return self._last_report
+
+    async def terminate(self) -> list[Envelope]:
+        """End the queue for good and hand back every envelope still in it.
+
+        Cancels in-flight attempts; returns the buffered, ready, delayed, parked and
+        just-cancelled envelopes in admission order. Everything not handed back has
+        ended in a terminal state and said so in an event.
+
+        :raises RuntimeError: when called from inside one of the queue's attempts.
+        """
+        if self._inside() is not None:
+            raise RuntimeError(f"queue {self.name!r}: terminate() from inside the queue")
+        row = LIFECYCLE[(self._state, QueueCall.TERMINATE)]
+        handed = self._handed = []
+        waiting = self._life(
+            row, QueueCall.TERMINATE, mode=StopMode.STOP, cause=CancelCause.TERMINATE
+        )
+        if waiting is not None:
+            await asyncio.shield(waiting)
+            self._life(LIFECYCLE[(self._state, QueueCall.TERMINATE)], QueueCall.TERMINATE)
+        assert row.target is None or self._state is row.target, (row, self._state)
+        handed.sort(key=lambda pair: pair[0])
+        return [env for _seq, env in handed]
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(event)`` for every state change; returns an unsubscribe
+        function. A listener that raises is logged and never breaks the queue."""
+        if not callable(listener):
+            raise ValueError(f"queue {self.name!r}: listener must be callable, got {listener!r}")
+        self._listeners.append(listener)
+        self._observed = True
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+            self._observed = bool(self._listeners) or _machine.STRICT
+
+        return unsubscribe
+
+    def statistics(self) -> Statistics:
+        """A frozen snapshot of the queue's state and counters."""
+        by_state = dict.fromkeys(_machine.LIVE_STATES, 0)
+        for rec in self._live.values():
+            by_state[rec.state] += 1
+        by_state.update(self._terminal)
+        for job in [j for j in self._jobs if j.finished]:
+            self._jobs.discard(job)
+        return Statistics(
+            state=self._state,
+            by_state=MappingProxyType(by_state),
+            in_flight=sum(1 for w in self._crew if w.env is not None),
+            capacity_used=len(self._live),
+            capacity_limit=self.capacity,
+            outcomes=MappingProxyType(dict(self._outcomes)),
+            dedups=self._dedups,
+            rejections=MappingProxyType(dict(self._rejections)),
+            stuck_threads=sum(1 for j in self._jobs if j.abandoned and not j.finished),
+        )
+
+    async def __aenter__(self) -> Queue:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+        self.leftovers = await self.terminate()
+        if self.leftovers:
+            log.warning(
+                "queue %r: %d envelope(s) left over at exit (see Queue.leftovers)",
+                self.name,
+                len(self.leftovers),
+            )
+
+    # ----------------------------------------------------------------------------------
+    # The lifecycle interpreter
+    # ----------------------------------------------------------------------------------
+
+    def _life(
+        self,
+        row: LifeRow,
+        call: QueueCall,
+        batch: Sequence[Envelope] = (),
+        *,
+        mode: StopMode = StopMode.STOP,
+        cause: CancelCause | None = None,
+    ) -> asyncio.Future[None] | None:
+        """Perform a lifecycle row; return the future to await, if the call waits."""
+        match row.action:
+            case LifeAction.NOTHING:
+                return None
+            case LifeAction.REJECT:
+                assert row.error is not None
+                self._rejections["state"] += 1
+                raise row.error(
+                    f"queue {self.name!r} is {self._state.name}: {call.value}() is not allowed"
+                )
+            case LifeAction.BUFFER | LifeAction.ADMIT:
+                self._admit(batch, waiting=False)
+                return None
+            case LifeAction.ARM:
+                self._arm_all(row)
+                return None
+            case LifeAction.BEGIN_STOP:
+                return self._begin_stop(row, mode, cause)
+            case LifeAction.AWAIT_STOP:
+                assert self._run is not None
+                return self._run.done
+            case LifeAction.FINISH_STOP:
+                self._finish_stop(row)
+                return None
+            case LifeAction.STOP_THEN_TERMINATE:
+                return self._begin_stop(LIFECYCLE[(self._state, QueueCall.STOP)], mode, cause)
+            case LifeAction.ESCALATE_THEN_TERMINATE:
+                return self._escalate(cause)
+            case LifeAction.HAND_BACK:
+                self._hand_back(row)
+                return None
+            case _:
+                assert_never(row.action)
+
+    def _set_state(self, to: QueueState | None) -> None:
+        assert to is not None
+        frm, self._state = self._state, to
+        if frm is not to and self._listeners:
+            self._emit(Event(self._loop_().time() if self._loop else 0.0, self.name, None, frm, to))
+        if self._waiters:
+            self._pump()
+
+    def _arm_all(self, row: LifeRow) -> None:
+        loop = self._loop_()
+        self._epoch += 1
+        self._run = None
+        self._set_state(row.target)
+        self._crew = [_Worker(self._epoch) for _ in range(self.workers)]
+        for n, w in enumerate(self._crew):
+            w.task = loop.create_task(self._work(w), name=f"envq:{self.name}:worker-{n}")
+        for env, rec in list(self._live.items()):
+            delay = self._first_delay(env) if rec.state is EnvState.BUFFERED else rec.due
+            self._enter(env, rec, EnvEvent.START, _READY if delay <= 0 else EnvState.DELAYED, delay)
+
+    def _begin_stop(
+        self, row: LifeRow, mode: StopMode, cause: CancelCause | None
+    ) -> asyncio.Future[None]:
+        run = self._run = _StopRun(mode, cause, self._loop_().create_future())
+        inside = self._inside()
+        run.spared = inside[1] if inside is not None else None
+        self._set_state(row.target)
+        self._park(mode)
+        self._cancel_in_flight(cause)
+        self._check_drained()
+        return run.done
+
+    def _escalate(self, cause: CancelCause | None) -> asyncio.Future[None]:
+        run = self._run
+        assert run is not None
+        run.mode = StopMode.STOP
+        run.cause = cause
+        self._park(StopMode.STOP)
+        self._cancel_in_flight(cause)
+        self._check_drained()
+        return run.done
+
+    def _park(self, mode: StopMode) -> None:
+        """Park delayed envelopes, and ready ones too in STOP mode (admission order)."""
+        parkable = (EnvState.DELAYED, _READY) if mode is StopMode.STOP else (EnvState.DELAYED,)
+        if mode is StopMode.STOP:
+            self._ready.clear()
+        now = self._loop_().time()
+        for env, rec in self._live.items():
+            if rec.state in parkable:
+                if rec.handle is not None:
+                    rec.handle.cancel()
+                    rec.handle = None
+                remaining = max(0.0, rec.due - now) if rec.state is EnvState.DELAYED else 0.0
+                self._move(env, rec, EnvEvent.STOP, EnvState.PARKED)
+                rec.due = remaining
+
+    def _cancel_in_flight(self, cause: CancelCause | None) -> None:
+        if cause is None:
+            return
+        spared = self._run.spared if self._run is not None else None
+        for w in self._crew:
+            if w.env is not None and w.cancellable and w is not spared and w.task is not None:
+                if w.cancel_cause is None:
+                    w.task.cancel()
+                w.cancel_cause = cause
+
+    def _check_drained(self) -> None:
+        if (
+            self._state is QueueState.STOPPING
+            and not self._ready
+            and not any(w.env is not None for w in self._crew)
+        ):
+            self._life(LIFECYCLE[(self._state, QueueCall.DRAINED)], QueueCall.DRAINED)
+
+    def _finish_stop(self, row: LifeRow) -> None:
+        self._set_state(row.target)
+        self._last_report = self._report()
+        run = self._run
+        self._run = None
+        idle = self._idle
+        while idle:
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(False)
+        if run is not None and not run.done.done():
+            run.done.set_result(None)
+        self._wake_stopped()
+
+    def _hand_back(self, row: LifeRow) -> None:
+        for env, rec in list(self._live.items()):
+            self._enter(env, rec, EnvEvent.TERMINATE, EnvState.RETURNED)
+        self._set_state(row.target)
+        if self._pool_ is not None:
+            self._pool_.shutdown(wait=False, cancel_futures=True)
+            self._pool_ = None
+        self._wake_stopped()
+
+    def _wake_stopped(self) -> None:
+        waiters, self._stopped_waiters = self._stopped_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _report(self) -> StopReport:
+        run = self._run
+        return StopReport(
+            parked=tuple(env for env, rec in self._live.items() if rec.state is EnvState.PARKED),
+            completed=tuple(run.completed) if run else (),
+            cancelled=tuple(run.cancelled) if run else (),
+            complete=self._state in (QueueState.STOPPED, QueueState.TERMINATED),
+        )
+
+    # ----------------------------------------------------------------------------------
+    # Admission
+    # ----------------------------------------------------------------------------------
+
+    def _admit(self, items: Sequence[object], *, waiting: bool) -> bool:
+        """Run send's checks and admit the batch; False if a waiter must keep waiting."""
+        if waiting:
+            row = LIFECYCLE[(self._state, QueueCall.SEND)]
+            if row.action is LifeAction.REJECT:
+                self._life(row, QueueCall.SEND)
+        fresh: list[Envelope] = []
+        for item in items:
+            if not isinstance(item, Envelope):
+                self._reject("invalid", BadEnvelope, f"not an Envelope: {item!r}")
+        batch = cast("Sequence[Envelope]", items)
+        if self._blacklist:
+            for env in batch:
+                if env.type in self._blacklist:
+                    self._reject(
+                        "blacklisted",
+                        TypeBlacklisted,
+                        f"type {env.type!r} is blacklisted ({env.label()})",
+                    )
+        dedups = 0
+        for env in batch:
+            owner = env._owner
+            if owner is self:
+                dedups += 1
+            elif owner is not None:
+                self._reject(
+                    "foreign",
+                    BadEnvelope,
+                    f"{env.label()} is live in queue {owner.name!r}",
+                )
+            else:
+                fresh.append(env)
+        if len(fresh) > 1:
+            unique = list(dict.fromkeys(fresh))
+            dedups += len(fresh) - len(unique)
+            fresh = unique
+        if fresh and self.capacity:
+            if waiting and self.capacity and len(self._live) + len(fresh) > self.capacity:
+                return False
+            if self._waiters or len(self._live) + len(fresh) > self.capacity:
+                why = "producers are waiting in send_wait" if self._waiters else "no room"
+                self._reject(
+                    "capacity",
+                    CapacityExceeded,
+                    f"{why} for {len(fresh)} envelope(s): {len(self._live)} of "
+                    f"{self.capacity} used ({fresh[0].label()}…)",
+                )
+        self._dedups += dedups
+        buffered = self._state is QueueState.INIT
+        for env in fresh:
+            self._seq += 1
+            rec = _Rec(Kind.PERIODIC if env.interval > 0 else Kind.ONE_OFF, self._seq)
+            object.__setattr__(env, "_owner", self)
+            self._live[env] = rec
+            if buffered:
+                self._enter(env, rec, EnvEvent.SEND, EnvState.BUFFERED)
+            else:
+                delay = self._first_delay(env)
+                self._enter(
+                    env, rec, EnvEvent.SEND, _READY if delay <= 0 else EnvState.DELAYED, delay
+                )
+        return True
+
+    def _reject(self, reason: str, error: type[EnvqError], message: str) -> NoReturn:
+        self._rejections[reason] += 1
+        raise error(f"queue {self.name!r}: {message}")
+
+    def _first_delay(self, env: Envelope) -> float:
+        delay = env.delay
+        if env.not_before is not None:
+            wall = getattr(self._loop_(), "wall_time", None)
+            now = wall() if callable(wall) else _wall_now()
+            delay = max(delay, env.not_before.timestamp() - now)
+        return delay
+
+    def _drop_waiter(self, waiter: _Waiter) -> None:
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Admit waiting producers' batches, first come first served."""
+        waiters = self._waiters
+        while waiters:
+            head = waiters[0]
+            if head.fut.done():
+                waiters.popleft()
+                continue
+            try:
+                admitted = self._admit(head.envs, waiting=True)
+            except EnvqError as exc:
+                waiters.popleft()
+                head.fut.set_exception(exc)
+                continue
+            if not admitted:
+                return
+            waiters.popleft()
+            head.fut.set_result(None)
+
+    # ----------------------------------------------------------------------------------
+    # Envelope moves
+    # ----------------------------------------------------------------------------------
+
+    def _move(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        cause: BaseException | None = None,
+    ) -> None:
+        frm = rec.state
+        rec.state = to
+        if self._observed:
+            if _machine.STRICT:
+                assert to in ENVELOPE_MOVES.get((frm, event), ()), (
+                    f"illegal envelope move {frm.name} --{event.name}--> {to.name}"
+                )
+            if self._listeners:
+                outcome = event if isinstance(event, Outcome) else None
+                self._emit(Event(self._loop_().time(), self.name, env, frm, to, outcome, cause))
+
+    def _enter(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        delay: float = 0.0,
+        cause: BaseException | None = None,
+    ) -> None:
+        """Move ``env`` into state ``to`` and do that state's entry work."""
+        match to:
+            case EnvState.READY:
+                self._move(env, rec, event, to, cause)
+                rec.due = self._loop_().time()
+                self._ready.append(env)
+                idle = self._idle
+                while idle:
+                    fut = idle.popleft()
+                    if not fut.done():
+                        fut.set_result(True)
+                        break
+            case EnvState.DELAYED:
+                self._move(env, rec, event, to, cause)
+                loop = self._loop_()
+                rec.due = loop.time() + delay
+                rec.handle = loop.call_at(rec.due, self._on_due, env)
+            case EnvState.PARKED | EnvState.BUFFERED:
+                self._move(env, rec, event, to, cause)
+                rec.due = max(0.0, delay)
+            case EnvState.SUCCEEDED | EnvState.FAILED | EnvState.STOPPED | EnvState.RETURNED:
+                self._move(env, rec, event, to, cause)
+                del self._live[env]
+                object.__setattr__(env, "_owner", None)
+                self._terminal[to] += 1
+                if rec.handle is not None:
+                    rec.handle.cancel()
+                    rec.handle = None
+                if self.limiter is not None:
+                    self.limiter.forget(env)
+                if to is EnvState.RETURNED:
+                    self._handed.append((rec.seq, env))
+                if self._waiters:
+                    self._pump()
+            case EnvState.RUNNING | EnvState.NEW:
+                raise AssertionError(f"{to.name} is not entered through _enter")
+            case _:
+                assert_never(to)
+
+    def _on_due(self, env: Envelope) -> None:
+        rec = self._live.get(env)
+        if rec is None or rec.state is not EnvState.DELAYED:
+            return
+        rec.handle = None
+        due = rec.due
+        self._enter(env, rec, EnvEvent.DUE, _READY)
+        rec.due = due
+
+    def _requeue(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        to: EnvState,
+        delay: float,
+        cause: BaseException | None,
+    ) -> None:
+        """Put ``env`` back (READY/DELAYED), or park it while the queue is not RUNNING."""
+        if self.limiter is not None and outcome is not _OK:
+            delay = max(delay, self.limiter.when(env))
+            if delay > 0:
+                to = DECISION_TARGET[_machine.DecisionKind.RETRY_AFTER]
+        if self._state is not _RUNNING_Q:
+            to = PARK_INSTEAD.get(to, to)
+        elif to is EnvState.DELAYED and delay <= 0:
+            to = _READY
+        self._enter(env, rec, outcome, to, delay, cause)
+
+    # ----------------------------------------------------------------------------------
+    # Workers and attempts
+    # ----------------------------------------------------------------------------------
+
+    async def _work(self, w: _Worker) -> None:
+        _WORKER.set((self, w))
+        ready = self._ready
+        idle = self._idle
+        loop = self._loop_()
+        rate = self.rate
+        paid = False
+        while True:
+            if w.epoch != self._epoch or self._state not in DISPATCHING:
+                return
+            if not ready:
+                fut: asyncio.Future[bool] = loop.create_future()
+                idle.append(fut)
+                if not await fut:
+                    return
+                continue
+            if rate is not None and not paid:
+                wait = rate.when(ready[0])
+                if wait > 0:
+                    paid = True
+                    await asyncio.sleep(wait)
+                    continue
+            paid = False
+            env = ready.popleft()
+            rec = self._live[env]
+            w.env = env
+            rec.attempts += 1
+            self._move(env, rec, EnvEvent.DISPATCH, _RUNNING_E)
+            try:
+                if env._bare and not self.stamps:
+                    outcome, cause = await self._bare_attempt(w, env)
+                else:
+                    outcome, cause = await self._attempt(w, env)
+                await self._settle(w, env, rec, outcome, cause)
+            except Exception as exc:  # the queue's own failure: log, end the envelope
+                log.exception("queue %r: internal error handling %s", self.name, env.label())
+                if self._live.get(env) is rec and rec.state is _RUNNING_E:
+                    self._enter(env, rec, Outcome.ERROR, EnvState.FAILED, cause=exc)
+            finally:
+                w.env = None
+                w.cancellable = False
+                w.cancel_cause = None
+            if self._run is not None:
+                self._check_drained()
+
+    def _classify(self, w: _Worker, env: Envelope, exc: BaseException, *cms: Any) -> Outcome:
+        """The outcome an exception from before/the invoker chain stands for."""
+        for signal, outcome in _SIGNALS:
+            if isinstance(exc, signal):
+                if outcome is Outcome.STOP_TYPE and not env.type:
+                    return Outcome.STOP
+                return outcome
+        if isinstance(exc, asyncio.CancelledError):
+            task = w.task
+            if w.cancel_cause is not None:
+                assert task is not None
+                task.uncancel()
+                return Outcome.CANCELLED
+            if task is not None and task.cancelling():
+                raise exc
+            return Outcome.ERROR
+        if isinstance(exc, TimeoutError) and any(cm is not None and cm.expired() for cm in cms):
+            return Outcome.TIMEOUT
+        if isinstance(exc, Exception):
+            return Outcome.ERROR
+        raise exc
+
+    async def _bare_attempt(
+        self, w: _Worker, env: Envelope
+    ) -> tuple[Outcome, BaseException | None]:
+        """An attempt of an envelope with no hooks, stamps or deadline."""
+        w.cancellable = True
+        try:
+            if env._async:
+                await env.invoke(env)  # type: ignore[misc]
+            else:
+                await self._in_thread(env.invoke, env)
+        except BaseException as exc:
+            w.cancellable = False
+            return self._classify(w, env, exc), exc
+        w.cancellable = False
+        return _OK, None
+
+    async def _attempt(self, w: _Worker, env: Envelope) -> tuple[Outcome, BaseException | None]:
+        """``before → stamps → invoke → after`` under the deadline and hook budgets."""
+        loop = self._loop_()
+        deadline_at = loop.time() + env.deadline if env.deadline else None
+        budget = self.hook_timeout.budget(env.deadline)
+        stopped: BaseException | None = None
+        dl: asyncio.Timeout | None = None
+        bcm: asyncio.Timeout | None = None
+        w.cancellable = True
+        try:
+            async with asyncio.timeout_at(deadline_at) as dl:
+                try:
+                    if env.before is not None:
+                        async with asyncio.timeout(budget) as bcm:
+                            await self._call(env.before, env)
+                    await self._chain(env)(env)
+                except StopEnvelope as exc:
+                    stopped = exc
+        except BaseException as exc:
+            w.cancellable = False
+            return self._classify(w, env, exc, dl, bcm), exc
+        if env.after is not None:
+            limit = budget
+            if deadline_at is not None:
+                left = deadline_at - loop.time()
+                limit = left if limit is None else min(limit, left)
+            try:
+                async with asyncio.timeout(limit):
+                    await self._call(env.after, env)
+            except StopEnvelope as exc:
+                stopped = stopped or exc
+            except asyncio.CancelledError:
+                if w.cancel_cause is None and w.task is not None and w.task.cancelling():
+                    raise
+                if w.cancel_cause is not None and w.task is not None:
+                    w.task.uncancel()
+                else:
+                    log.warning(
+                        "queue %r: after hook of %s raised CancelledError (ignored)",
+                        self.name,
+                        env.label(),
+                    )
+            except Exception:
+                log.warning(
+                    "queue %r: after hook of %s failed (ignored)",
+                    self.name,
+                    env.label(),
+                    exc_info=True,
+                )
+        w.cancellable = False
+        if stopped is not None:
+            return self._classify(w, env, stopped), stopped
+        return _OK, None
+
+    def _chain(self, env: Envelope) -> Invoker:
+        invoke = env.invoke
+        inner: Invoker
+        if env._async:
+            inner = invoke  # type: ignore[assignment]
+        else:
+
+            async def inner(e: Envelope) -> None:
+                await self._in_thread(invoke, e)
+
+        for stamp in reversed(env.stamps):
+            inner = stamp(inner)
+        for stamp in reversed(self.stamps):
+            inner = stamp(inner)
+        return inner
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if is_async_callable(fn):
+            return await fn(*args)
+        return await self._in_thread(fn, *args)
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._pool_ is None:
+            self._pool_ = ThreadPoolExecutor(
+                max_workers=self._threads, thread_name_prefix=f"envq-{self.name}"
+            )
+        job = _ThreadJob(fn, args)
+        self._jobs.add(job)
+        try:
+            return await self._loop_().run_in_executor(self._pool_, job)
+        except asyncio.CancelledError:
+            job.abandoned = True
+            raise
+        finally:
+            if job.finished:
+                self._jobs.discard(job)
+
+    async def _hook(self, name: str, env: Envelope, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run on_success/on_failure under its own budget; errors are the caller's."""
+        async with asyncio.timeout(self.hook_timeout.budget(env.deadline)):
+            return await self._call(fn, env, *args)
+
+    async def _on_success(self, env: Envelope) -> None:
+        if env.on_success is None:
+            return
+        try:
+            await self._hook("on_success", env, env.on_success)
+        except Exception:
+            log.exception("queue %r: on_success of %s failed", self.name, env.label())
+
+    async def _on_failure(
+        self, env: Envelope, cause: BaseException | None, attempt: int
+    ) -> Decision:
+        """Ask ``on_failure``; a crash, an overrun or a wrong answer counts as drop."""
+        assert env.on_failure is not None
+        try:
+            decision = await self._hook("on_failure", env, env.on_failure, cause, attempt)
+        except Exception:
+            log.exception("queue %r: on_failure of %s failed (drop)", self.name, env.label())
+            return drop()
+        if decision is None:
+            return drop()
+        if not isinstance(decision, Decision):
+            log.error(
+                "queue %r: on_failure of %s returned %r, not a Decision (drop)",
+                self.name,
+                env.label(),
+                decision,
+            )
+            return drop()
+        return decision
+
+    def _next_run(self, env: Envelope, rec: _Rec) -> float:
+        """Seconds from now to the envelope's next periodic run."""
+        match env.schedule:
+            case Schedule.FIXED_DELAY:
+                return env.interval
+            case Schedule.FIXED_RATE:
+                now = self._loop_().time()
+                slots = math.floor((now - rec.due) / env.interval) + 1
+                return rec.due + slots * env.interval - now
+            case _:
+                assert_never(env.schedule)
+
+    # ----------------------------------------------------------------------------------
+    # The outcome interpreter
+    # ----------------------------------------------------------------------------------
+
+    async def _settle(
+        self,
+        w: _Worker,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        cause: BaseException | None,
+    ) -> None:
+        """Perform the outcome table's row for this attempt."""
+        self._outcomes[outcome] += 1
+        row: OutcomeRow = OUTCOMES[(rec.kind, outcome)]
+        run = self._run
+        if run is not None:
+            (run.cancelled if outcome is Outcome.CANCELLED else run.completed).append(env)
+        match row.action:
+            case Action.SUCCEED:
+                await self._on_success(env)
+                self._enter(env, rec, outcome, row.target)
+            case Action.RESCHEDULE:
+                await self._on_success(env)
+                rec.failures = 0
+                if self.limiter is not None:
+                    self.limiter.forget(env)
+                self._requeue(env, rec, outcome, row.target, self._next_run(env, rec), None)
+            case Action.DECIDE:
+                to, delay, cause = await self._decide(env, rec, row, cause)
+                self._requeue(env, rec, outcome, to, delay, cause)
+            case Action.DECIDE_PERIODIC:
+                rec.failures += 1
+                if env.on_failure is None:
+                    to, delay = row.target, self._next_run(env, rec)
+                else:
+                    decision = await self._on_failure(env, cause, rec.failures)
+                    to, delay = DECISION_TARGET[decision.kind], decision.delay
+                self._requeue(env, rec, outcome, to, delay, cause)
+            case Action.REPORT_FAILURE:
+                if env.on_failure is not None:
+                    await self._on_failure(env, cause, self._attempt_no(rec))
+                self._enter(env, rec, outcome, row.target, cause=cause)
+            case Action.END:
+                self._enter(env, rec, outcome, row.target, cause=cause)
+            case Action.BLACKLIST:
+                self._blacklist_type(env)
+                self._enter(env, rec, outcome, row.target, cause=cause)
+            case Action.SHELVE:
+                assert w.cancel_cause is not None
+                to = SHELVE_TARGET[w.cancel_cause]
+                self._enter(env, rec, outcome, row.target if to is row.target else to, cause=cause)
+            case _:
+                assert_never(row.action)
+
+    @staticmethod
+    def _attempt_no(rec: _Rec) -> int:
+        return rec.failures + 1 if rec.kind is Kind.PERIODIC else rec.attempts
+
+    async def _decide(
+        self, env: Envelope, rec: _Rec, row: OutcomeRow, cause: BaseException | None
+    ) -> tuple[EnvState, float, BaseException | None]:
+        """One-off failure: on_failure's decision, else the Retry policy, else drop."""
+        attempt = rec.attempts
+        if env.on_failure is not None:
+            decision = await self._on_failure(env, cause, attempt)
+            return DECISION_TARGET[decision.kind], decision.delay, cause
+        retry = env.retry
+        if retry is None:
+            return row.target, 0.0, cause
+        if retry.allows(attempt):
+            return EnvState.DELAYED, retry.delay(attempt), cause
+        exhausted = MaxRetriesExceeded(
+            f"queue {self.name!r}: {env.label()} failed {attempt} of {retry.attempts} attempts"
+        )
+        exhausted.__cause__ = cause
+        return row.target, 0.0, exhausted
+
+    def _blacklist_type(self, culprit: Envelope) -> None:
+        kind = culprit.type
+        self._blacklist.add(kind)
+        victims = [
+            (env, rec) for env, rec in self._live.items() if env.type == kind and env is not culprit
+        ]
+        if any(rec.state is _READY for _env, rec in victims):
+            kept = [env for env in self._ready if env.type != kind]
+            self._ready.clear()
+            self._ready.extend(kept)
+        for env, rec in victims:
+            if rec.state is _RUNNING_E:
+                rec.kind = Kind.BLACKLISTED
+            else:
+                self._enter(env, rec, EnvEvent.BLACKLIST, EnvState.STOPPED)
+
+    # ----------------------------------------------------------------------------------
+    # Helpers
+    # ----------------------------------------------------------------------------------
+
+    def _loop_(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def _inside(self) -> tuple[Queue, _Worker] | None:
+        current = _WORKER.get()
+        return current if current is not None and current[0] is self else None
+
+    def _emit(self, event: Event) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("queue %r: event listener %r failed", self.name, listener)
+
+
+def _wall_now() -> float:
+    return time.time()

@@ -1,0 +1,232 @@
+"""Frozen value objects: decisions, retry policy, hook budgets, events, reports, statistics."""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+import attrs
+
+from envq._errors import BadEnvelope
+from envq._machine import DecisionKind, EnvState, Outcome, QueueState
+
+if TYPE_CHECKING:
+    from envq._envelope import Envelope
+
+__all__ = [
+    "FIXED_DELAY",
+    "FIXED_RATE",
+    "Decision",
+    "Event",
+    "HookTimeout",
+    "Retry",
+    "Schedule",
+    "Statistics",
+    "StopMode",
+    "StopReport",
+    "drop",
+    "retry_after",
+    "retry_now",
+]
+
+
+class StopMode(enum.Enum):
+    """How ``stop()`` treats READY envelopes (contract §3)."""
+
+    #: Ready envelopes run before the stop ends; what they reschedule is parked.
+    DRAIN = "drain"
+    #: Ready envelopes are parked, not started.
+    STOP = "stop"
+
+
+class Schedule(enum.Enum):
+    """How a periodic envelope's next run is timed."""
+
+    #: Next run ``interval`` after the previous attempt ends (the seed's behaviour).
+    FIXED_DELAY = "fixed_delay"
+    #: Next run at the first point of the ``interval`` grid after the attempt ends;
+    #: missed slots are skipped, never burst.
+    FIXED_RATE = "fixed_rate"
+
+
+FIXED_DELAY: Final = Schedule.FIXED_DELAY
+FIXED_RATE: Final = Schedule.FIXED_RATE
+
+
+def _finite_seconds(field: str, value: object, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadEnvelope(f"{field} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0 or (positive and seconds == 0):
+        want = "positive" if positive else "non-negative"
+        raise BadEnvelope(f"{field} must be a finite {want} number of seconds, got {value!r}")
+    return seconds
+
+
+@attrs.frozen
+class Decision:
+    """What ``on_failure`` decided for a failed attempt.
+
+    Build one with :func:`drop`, :func:`retry_now` or :func:`retry_after`.
+    """
+
+    kind: DecisionKind
+    #: Seconds to wait before the retry (RETRY_AFTER only; 0 otherwise).
+    delay: float = 0.0
+
+
+_DROP: Final = Decision(DecisionKind.DROP)
+_RETRY_NOW: Final = Decision(DecisionKind.RETRY_NOW)
+
+
+def drop() -> Decision:
+    """Decide to drop the envelope: it ends FAILED."""
+    return _DROP
+
+
+def retry_now() -> Decision:
+    """Decide to retry at once: the envelope goes back to READY."""
+    return _RETRY_NOW
+
+
+def retry_after(seconds: float) -> Decision:
+    """Decide to retry after ``seconds``; a non-positive value means 1 s (as in the seed)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or math.isnan(seconds):
+        raise ValueError(f"retry_after: seconds must be a number, got {seconds!r}")
+    if math.isinf(seconds):
+        raise ValueError(f"retry_after: seconds must be finite, got {seconds!r}")
+    return Decision(DecisionKind.RETRY_AFTER, float(seconds) if seconds > 0 else 1.0)
+
+
+def _check_attempts(_inst: object, _attr: object, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+        raise ValueError(f"Retry.attempts must be a positive int or -1 (unlimited), got {value!r}")
+
+
+def _check_seconds(inst: object, attr: attrs.Attribute[float], value: float) -> None:
+    try:
+        _finite_seconds(f"Retry.{attr.name}", value)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+#: The default RNG for jitter; register it with Hypothesis so failures replay.
+default_rng: Final = random.Random()
+
+
+@attrs.frozen
+class Retry:
+    """Exponential-backoff retry policy for one-off envelopes (contract §7).
+
+    ``attempts`` counts every attempt including the first (``-1`` = unlimited). The
+    delay after the k-th failure is ``min(cap, base * 2**(k-1))``; with ``jitter`` it
+    is a uniform draw from ``[d/2, d]`` using ``rng`` (injectable for determinism).
+    """
+
+    attempts: int = attrs.field(default=3, validator=_check_attempts)
+    base: float = attrs.field(default=1.0, converter=float, validator=_check_seconds)
+    cap: float = attrs.field(default=1800.0, converter=float, validator=_check_seconds)
+    jitter: bool = True
+    rng: random.Random = attrs.field(default=default_rng, eq=False, repr=False)
+
+    def allows(self, attempt: int) -> bool:
+        """Whether another attempt may follow failed attempt number ``attempt`` (1-based)."""
+        return self.attempts == -1 or attempt < self.attempts
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failure (1-based)."""
+        exponent = min(failures - 1, 1024)
+        d = min(self.cap, self.base * 2.0**exponent)
+        if self.jitter:
+            return self.rng.uniform(d / 2, d)
+        return d
+
+
+def _check_fraction(_inst: object, _attr: object, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ValueError(f"HookTimeout.fraction must be in (0, 1], got {value!r}")
+
+
+def _check_floor(_inst: object, _attr: object, value: float | None) -> None:
+    if value is not None:
+        try:
+            _finite_seconds("HookTimeout.floor", value)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+
+
+@attrs.frozen
+class HookTimeout:
+    """Each hook's time budget: ``max(fraction × deadline, floor)`` (contract §5).
+
+    With ``deadline = 0`` the budget is ``floor``; ``floor=None`` with ``deadline = 0``
+    means no budget.
+    """
+
+    fraction: float = attrs.field(default=0.5, validator=_check_fraction)
+    floor: float | None = attrs.field(default=0.8, validator=_check_floor)
+
+    def budget(self, deadline: float) -> float | None:
+        """The budget for a hook of an envelope with this ``deadline`` (None: unbounded)."""
+        share = self.fraction * deadline if deadline > 0 else None
+        if self.floor is None:
+            return share
+        return self.floor if share is None else max(share, self.floor)
+
+
+@attrs.frozen
+class Event:
+    """One state change of a queue (``envelope is None``) or of an envelope in it."""
+
+    #: Loop time of the change.
+    time: float
+    #: The queue's name.
+    queue: str
+    envelope: Envelope | None
+    #: ``None`` for an envelope entering the queue.
+    from_state: QueueState | EnvState | None
+    to_state: QueueState | EnvState
+    #: The attempt's outcome when the change ends an attempt.
+    outcome: Outcome | None = None
+    #: The error behind the change, if any (the attempt's error, ``MaxRetriesExceeded``…).
+    cause: BaseException | None = None
+
+
+@attrs.frozen
+class StopReport:
+    """What a stop did (contract §3).
+
+    ``complete`` is True iff the queue was STOPPED (or TERMINATED) when the report was
+    made.
+    """
+
+    #: Envelopes held back, in admission order.
+    parked: tuple[Envelope, ...] = ()
+    #: Envelopes whose attempt finished during the stop, one entry per attempt.
+    completed: tuple[Envelope, ...] = ()
+    #: Envelopes whose attempt was cancelled during the stop, one entry per attempt.
+    cancelled: tuple[Envelope, ...] = ()
+    complete: bool = False
+
+
+@attrs.frozen
+class Statistics:
+    """A snapshot of a queue (contract §10)."""
+
+    state: QueueState
+    #: Live envelopes by state, and terminal envelopes counted since the queue was made.
+    by_state: Mapping[EnvState, int]
+    in_flight: int
+    capacity_used: int
+    #: 0 = unlimited.
+    capacity_limit: int
+    outcomes: Mapping[Outcome, int]
+    dedups: int
+    #: Rejected ``send`` calls by reason (``state``, ``invalid``, ``blacklisted``,
+    #: ``foreign``, ``capacity``).
+    rejections: Mapping[str, int]
+    #: Threads still running a call the queue stopped waiting for.
+    stuck_threads: int
