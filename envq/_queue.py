@@ -161,6 +161,8 @@ class _ThreadJob:
             self.finished = True
 
 
+_TASKS: set[asyncio.Task[None]] = set()
+
 #: The worker whose task (or a task it spawned) is the current one.
 _WORKER: contextvars.ContextVar[tuple[Queue, _Worker] | None] = contextvars.ContextVar(
     "envq_worker", default=None
@@ -538,7 +540,10 @@ class Queue:
         self._set_state(row.target)
         self._crew = [_Worker(self._epoch) for _ in range(self.workers)]
         for n, w in enumerate(self._crew):
-            w.task = loop.create_task(self._work(w), name=f"envq:{self.name}:worker-{n}")
+            w.task = task = loop.create_task(self._work(w), name=f"envq:{self.name}:worker-{n}")
+            # The loop holds tasks weakly: keep workers alive even if the queue is dropped.
+            _TASKS.add(task)
+            task.add_done_callback(_TASKS.discard)
         for env, rec in list(self._live.items()):
             delay = self._first_delay(env) if rec.state is EnvState.BUFFERED else rec.due
             self._enter(env, rec, EnvEvent.START, _READY if delay <= 0 else EnvState.DELAYED, delay)
@@ -677,15 +682,17 @@ class Queue:
             dedups += len(fresh) - len(unique)
             fresh = unique
         if fresh and self.capacity:
-            if waiting and self.capacity and len(self._live) + len(fresh) > self.capacity:
-                return False
-            if self._waiters or len(self._live) + len(fresh) > self.capacity:
-                why = "producers are waiting in send_wait" if self._waiters else "no room"
+            over = len(self._live) + len(fresh) > self.capacity
+            if waiting:
+                if over:
+                    return False
+            elif over or self._waiters:
+                why = "producers are waiting in send_wait" if not over else "no room"
                 self._reject(
                     "capacity",
                     CapacityExceeded,
                     f"{why} for {len(fresh)} envelope(s): {len(self._live)} of "
-                    f"{self.capacity} used ({fresh[0].label()}…)",
+                    f"{self.capacity} used ({fresh[0].label()})",
                 )
         self._dedups += dedups
         buffered = self._state is QueueState.INIT

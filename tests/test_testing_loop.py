@@ -87,7 +87,7 @@ class TestThreads:
                 return "done"
 
             task = asyncio.ensure_future(loop.run_in_executor(None, work))
-            done, _ = await asyncio.wait({task}, timeout=60)
+            await asyncio.wait({task}, timeout=60)
             return task.result(), loop.time()
 
         result, at = run(main())
