@@ -417,9 +417,15 @@ class Queue:
         waiting = self._life(
             row, QueueCall.TERMINATE, mode=StopMode.STOP, cause=CancelCause.TERMINATE
         )
-        if waiting is not None:
+        while waiting is not None:
             await asyncio.shield(waiting)
-            self._life(LIFECYCLE[(self._state, QueueCall.TERMINATE)], QueueCall.TERMINATE)
+            # Normally STOPPED → HAND_BACK; a start() that slipped in stops again.
+            waiting = self._life(
+                LIFECYCLE[(self._state, QueueCall.TERMINATE)],
+                QueueCall.TERMINATE,
+                mode=StopMode.STOP,
+                cause=CancelCause.TERMINATE,
+            )
         assert row.target is None or self._state is row.target, (row, self._state)
         handed.sort(key=lambda pair: pair[0])
         return [env for _seq, env in handed]
@@ -529,7 +535,7 @@ class Queue:
         assert to is not None
         frm, self._state = self._state, to
         if frm is not to and self._listeners:
-            self._emit(Event(self._loop_().time() if self._loop else 0.0, self.name, None, frm, to))
+            self._emit(Event(self._now(), self.name, None, frm, to))
         if self._waiters:
             self._pump()
 
@@ -618,9 +624,11 @@ class Queue:
         self._wake_stopped()
 
     def _hand_back(self, row: LifeRow) -> None:
+        # State first: waiting producers must see TERMINATED, not the room handing
+        # back frees.
+        self._set_state(row.target)
         for env, rec in list(self._live.items()):
             self._enter(env, rec, EnvEvent.TERMINATE, EnvState.RETURNED)
-        self._set_state(row.target)
         if self._pool_ is not None:
             self._pool_.shutdown(wait=False, cancel_futures=True)
             self._pool_ = None
@@ -767,7 +775,7 @@ class Queue:
                 )
             if self._listeners:
                 outcome = event if isinstance(event, Outcome) else None
-                self._emit(Event(self._loop_().time(), self.name, env, frm, to, outcome, cause))
+                self._emit(Event(self._now(), self.name, env, frm, to, outcome, cause))
 
     def _enter(
         self,
@@ -835,15 +843,17 @@ class Queue:
         delay: float,
         cause: BaseException | None,
     ) -> None:
-        """Put ``env`` back (READY/DELAYED), or park it while the queue is not RUNNING."""
+        """Put ``env`` back (READY/DELAYED), or park it while the queue is not RUNNING.
+
+        A failure retry waits at least ``limiter.when(env)``; a READY retry that must
+        wait becomes DELAYED.
+        """
         if self.limiter is not None and outcome is not _OK:
             delay = max(delay, self.limiter.when(env))
-            if delay > 0:
-                to = DECISION_TARGET[_machine.DecisionKind.RETRY_AFTER]
+            if delay > 0 and to is _READY:
+                to = EnvState.DELAYED
         if self._state is not _RUNNING_Q:
             to = PARK_INSTEAD.get(to, to)
-        elif to is EnvState.DELAYED and delay <= 0:
-            to = _READY
         self._enter(env, rec, outcome, to, delay, cause)
 
     # ----------------------------------------------------------------------------------
@@ -1174,6 +1184,15 @@ class Queue:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         return loop
+
+    def _now(self) -> float:
+        """Loop time for events; 0.0 before the queue has seen a loop."""
+        if self._loop is not None:
+            return self._loop.time()
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            return 0.0
 
     def _inside(self) -> tuple[Queue, _Worker] | None:
         current = _WORKER.get()

@@ -1,7 +1,26 @@
-"""Shared test setup: envq checks every envelope move against its table in tests."""
+"""Shared test setup.
+
+- envq checks every envelope move against its table (``STRICT``).
+- Hypothesis profiles: ``dev`` (default), ``ci`` (bounded, used by ``.ci/run``), and
+  ``deep`` for audits (``pytest --hypothesis-profile=deep``).
+- envq's jitter RNG is registered with Hypothesis so failures replay and shrink.
+"""
 
 from __future__ import annotations
 
+import os
+
+import hypothesis
+from hypothesis import HealthCheck, settings
+
 import envq._machine
+import envq._values
 
 envq._machine.STRICT = True
+hypothesis.register_random(envq._values.default_rng)
+
+_common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("dev", max_examples=40, **_common)
+settings.register_profile("ci", max_examples=60, derandomize=True, **_common)
+settings.register_profile("deep", max_examples=10_000, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
