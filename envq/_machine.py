@@ -43,6 +43,7 @@ STRICT = False
 
 __all__ = [
     "DECISION_TARGET",
+    "DISPATCHING",
     "ENVELOPE_MOVES",
     "ILLEGAL_LIFECYCLE",
     "LIFECYCLE",
@@ -66,7 +67,15 @@ __all__ = [
 ]
 
 
-class QueueState(enum.Enum):
+class _Enum(enum.Enum):
+    """Enum members hash by identity: the tables and counters are looked up on every
+    attempt, and ``Enum.__hash__`` (a Python function hashing the name) is several
+    times slower. Members are singletons and compare by identity, so this is sound."""
+
+    __hash__ = object.__hash__
+
+
+class QueueState(_Enum):
     """The queue's lifecycle state (contract §3)."""
 
     INIT = "init"
@@ -76,7 +85,7 @@ class QueueState(enum.Enum):
     TERMINATED = "terminated"
 
 
-class QueueCall(enum.Enum):
+class QueueCall(_Enum):
     """Events of the lifecycle machine: the public calls, plus the internal DRAINED."""
 
     START = "start"
@@ -87,7 +96,7 @@ class QueueCall(enum.Enum):
     DRAINED = "drained"
 
 
-class EnvState(enum.Enum):
+class EnvState(_Enum):
     """The state of one envelope inside one queue (contract §4).
 
     ``NEW`` is the pseudo-state of an envelope not (yet) in the queue; the last four
@@ -106,7 +115,7 @@ class EnvState(enum.Enum):
     RETURNED = "returned"
 
 
-class Outcome(enum.Enum):
+class Outcome(_Enum):
     """How one attempt ended (contract §4)."""
 
     OK = "ok"
@@ -118,7 +127,7 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"
 
 
-class Kind(enum.Enum):
+class Kind(_Enum):
     """The row group of the outcome table an envelope's attempt is looked up in.
 
     ``BLACKLISTED`` is the group of an envelope whose ``type`` was blacklisted while
@@ -130,7 +139,7 @@ class Kind(enum.Enum):
     BLACKLISTED = "blacklisted"
 
 
-class EnvEvent(enum.Enum):
+class EnvEvent(_Enum):
     """Queue-side events of the envelope machine (the outcomes are the others)."""
 
     SEND = "send"
@@ -142,14 +151,14 @@ class EnvEvent(enum.Enum):
     BLACKLIST = "blacklist"
 
 
-class CancelCause(enum.Enum):
+class CancelCause(_Enum):
     """Who cancelled an in-flight attempt."""
 
     STOP = "stop"
     TERMINATE = "terminate"
 
 
-class DecisionKind(enum.Enum):
+class DecisionKind(_Enum):
     """What a failure decision asks for."""
 
     DROP = "drop"
@@ -162,7 +171,7 @@ class DecisionKind(enum.Enum):
 # ---------------------------------------------------------------------------------------
 
 
-class LifeAction(enum.Enum):
+class LifeAction(_Enum):
     """What a lifecycle call does; performed by ``Queue`` in one exhaustive ``match``."""
 
     #: Nothing changes (the call is a no-op in this state).
@@ -259,7 +268,7 @@ LIVE_STATES: Final[frozenset[EnvState]] = frozenset(
 )
 
 
-class Action(enum.Enum):
+class Action(_Enum):
     """What the worker does for an (kind, outcome) row; one exhaustive ``match``."""
 
     #: Run ``on_success``; end in the row's target.

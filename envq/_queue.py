@@ -22,7 +22,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, NoReturn, assert_never, cast
@@ -50,6 +50,7 @@ from envq._machine import (
     SHELVE_TARGET,
     Action,
     CancelCause,
+    DecisionKind,
     EnvEvent,
     EnvState,
     Kind,
@@ -77,10 +78,28 @@ log = logging.getLogger("envq")
 
 _NAME = re.compile(r"[A-Za-z0-9:_]+\Z")
 
+# Module constants for the hot path: in Python 3.11 reading an enum member off its
+# class costs ~150 ns, a global ~20 ns.
+_NEW: Final = EnvState.NEW
 _READY: Final = EnvState.READY
+_DELAYED: Final = EnvState.DELAYED
 _RUNNING_E: Final = EnvState.RUNNING
+_PARKED: Final = EnvState.PARKED
+_BUFFERED: Final = EnvState.BUFFERED
+_RETURNED: Final = EnvState.RETURNED
+_TERMINAL: Final = _machine.TERMINAL_STATES
 _OK: Final = Outcome.OK
+_CANCELLED: Final = Outcome.CANCELLED
 _RUNNING_Q: Final = QueueState.RUNNING
+_INIT_Q: Final = QueueState.INIT
+_ADMIT: Final = LifeAction.ADMIT
+_SEND: Final = QueueCall.SEND
+_DISPATCH: Final = EnvEvent.DISPATCH
+_EV_SEND: Final = EnvEvent.SEND
+_ONE_OFF: Final = Kind.ONE_OFF
+_PERIODIC: Final = Kind.PERIODIC
+_REQUEUED: Final = frozenset({_READY, _DELAYED})
+_set = object.__setattr__
 
 #: Control signals raised by user code, first match wins (StopType before StopEnvelope).
 _SIGNALS: Final[tuple[tuple[type[BaseException], Outcome], ...]] = (
@@ -100,7 +119,7 @@ class _Rec:
     __slots__ = ("attempts", "due", "failures", "handle", "kind", "seq", "state")
 
     def __init__(self, kind: Kind, seq: int) -> None:
-        self.state = EnvState.NEW
+        self.state = _NEW
         self.kind = kind
         self.seq = seq
         self.due = 0.0
@@ -163,9 +182,9 @@ class _ThreadJob:
 
 _TASKS: set[asyncio.Task[None]] = set()
 
-#: The worker whose task (or a task it spawned) is the current one.
-_WORKER: contextvars.ContextVar[tuple[Queue, _Worker] | None] = contextvars.ContextVar(
-    "envq_worker", default=None
+#: The envelope whose attempt the current task runs (or was spawned from).
+_ATTEMPT: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
+    "envq_attempt", default=None
 )
 
 
@@ -238,6 +257,7 @@ class Queue:
         self._threads = threads or min(32, workers + 4)
 
         self._state = QueueState.INIT
+        self._send_row = LIFECYCLE[(self._state, QueueCall.SEND)]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[Envelope, _Rec] = {}
         self._ready: deque[Envelope] = deque()
@@ -309,7 +329,11 @@ class Queue:
         :raises CapacityExceeded: the batch does not fit, or producers are waiting in
             ``send_wait`` (send does not overtake them).
         """
-        self._life(LIFECYCLE[(self._state, QueueCall.SEND)], QueueCall.SEND, envelopes)
+        row = self._send_row
+        if row.action is _ADMIT:
+            self._admit(envelopes, waiting=False)
+        else:
+            self._life(row, _SEND, envelopes)
 
     async def send_wait(
         self,
@@ -499,6 +523,9 @@ class Queue:
     ) -> asyncio.Future[None] | None:
         """Perform a lifecycle row; return the future to await, if the call waits."""
         match row.action:
+            case LifeAction.BUFFER | LifeAction.ADMIT:
+                self._admit(batch, waiting=False)
+                return None
             case LifeAction.NOTHING:
                 return None
             case LifeAction.REJECT:
@@ -507,9 +534,6 @@ class Queue:
                 raise row.error(
                     f"queue {self.name!r} is {self._state.name}: {call.value}() is not allowed"
                 )
-            case LifeAction.BUFFER | LifeAction.ADMIT:
-                self._admit(batch, waiting=False)
-                return None
             case LifeAction.ARM:
                 self._arm_all(row)
                 return None
@@ -534,6 +558,7 @@ class Queue:
     def _set_state(self, to: QueueState | None) -> None:
         assert to is not None
         frm, self._state = self._state, to
+        self._send_row = LIFECYCLE[(to, QueueCall.SEND)]
         if frm is not to and self._listeners:
             self._emit(Event(self._now(), self.name, None, frm, to))
         if self._waiters:
@@ -558,8 +583,7 @@ class Queue:
         self, row: LifeRow, mode: StopMode, cause: CancelCause | None
     ) -> asyncio.Future[None]:
         run = self._run = _StopRun(mode, cause, self._loop_().create_future())
-        inside = self._inside()
-        run.spared = inside[1] if inside is not None else None
+        run.spared = self._inside()
         self._set_state(row.target)
         self._park(mode)
         self._cancel_in_flight(cause)
@@ -572,6 +596,7 @@ class Queue:
         run.mode = StopMode.STOP
         run.cause = cause
         self._park(StopMode.STOP)
+        run.spared = None  # terminate spares nobody
         self._cancel_in_flight(cause)
         self._check_drained()
         return run.done
@@ -703,19 +728,20 @@ class Queue:
                     f"{self.capacity} used ({fresh[0].label()})",
                 )
         self._dedups += dedups
-        buffered = self._state is QueueState.INIT
+        buffered = self._state is _INIT_Q
+        live = self._live
+        seq = self._seq
         for env in fresh:
-            self._seq += 1
-            rec = _Rec(Kind.PERIODIC if env.interval > 0 else Kind.ONE_OFF, self._seq)
-            object.__setattr__(env, "_owner", self)
-            self._live[env] = rec
+            seq += 1
+            rec = _Rec(_PERIODIC if env.interval > 0 else _ONE_OFF, seq)
+            _set(env, "_owner", self)
+            live[env] = rec
             if buffered:
-                self._enter(env, rec, EnvEvent.SEND, EnvState.BUFFERED)
+                self._enter(env, rec, _EV_SEND, _BUFFERED)
             else:
-                delay = self._first_delay(env)
-                self._enter(
-                    env, rec, EnvEvent.SEND, _READY if delay <= 0 else EnvState.DELAYED, delay
-                )
+                delay = env.delay if env.not_before is None else self._first_delay(env)
+                self._enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
+        self._seq = seq
         return True
 
     def _reject(self, reason: str, error: type[EnvqError], message: str) -> NoReturn:
@@ -769,13 +795,23 @@ class Queue:
         frm = rec.state
         rec.state = to
         if self._observed:
-            if _machine.STRICT:
-                assert to in ENVELOPE_MOVES.get((frm, event), ()), (
-                    f"illegal envelope move {frm.name} --{event.name}--> {to.name}"
-                )
-            if self._listeners:
-                outcome = event if isinstance(event, Outcome) else None
-                self._emit(Event(self._now(), self.name, env, frm, to, outcome, cause))
+            self._observe(env, frm, event, to, cause)
+
+    def _observe(
+        self,
+        env: Envelope,
+        frm: EnvState,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        cause: BaseException | None,
+    ) -> None:
+        if _machine.STRICT:
+            assert to in ENVELOPE_MOVES.get((frm, event), ()), (
+                f"illegal envelope move {frm.name} --{event.name}--> {to.name}"
+            )
+        if self._listeners:
+            outcome = event if isinstance(event, Outcome) else None
+            self._emit(Event(self._now(), self.name, env, frm, to, outcome, cause))
 
     def _enter(
         self,
@@ -786,44 +822,45 @@ class Queue:
         delay: float = 0.0,
         cause: BaseException | None = None,
     ) -> None:
-        """Move ``env`` into state ``to`` and do that state's entry work."""
-        match to:
-            case EnvState.READY:
-                self._move(env, rec, event, to, cause)
-                rec.due = self._loop_().time()
-                self._ready.append(env)
-                idle = self._idle
-                while idle:
-                    fut = idle.popleft()
-                    if not fut.done():
-                        fut.set_result(True)
-                        break
-            case EnvState.DELAYED:
-                self._move(env, rec, event, to, cause)
-                loop = self._loop_()
-                rec.due = loop.time() + delay
-                rec.handle = loop.call_at(rec.due, self._on_due, env)
-            case EnvState.PARKED | EnvState.BUFFERED:
-                self._move(env, rec, event, to, cause)
-                rec.due = max(0.0, delay)
-            case EnvState.SUCCEEDED | EnvState.FAILED | EnvState.STOPPED | EnvState.RETURNED:
-                self._move(env, rec, event, to, cause)
-                del self._live[env]
-                object.__setattr__(env, "_owner", None)
-                self._terminal[to] += 1
-                if rec.handle is not None:
-                    rec.handle.cancel()
-                    rec.handle = None
-                if self.limiter is not None:
-                    self.limiter.forget(env)
-                if to is EnvState.RETURNED:
-                    self._handed.append((rec.seq, env))
-                if self._waiters:
-                    self._pump()
-            case EnvState.RUNNING | EnvState.NEW:
-                raise AssertionError(f"{to.name} is not entered through _enter")
-            case _:
-                assert_never(to)
+        """Move ``env`` into state ``to`` and do that state's entry work.
+
+        (An identity chain rather than ``match``: on Python 3.11 each ``case
+        EnvState.X`` reads the member off the enum class, which is slow on this path.)
+        """
+        frm = rec.state
+        rec.state = to
+        if self._observed:
+            self._observe(env, frm, event, to, cause)
+        if to is _READY:
+            rec.due = self._loop_().time()
+            self._ready.append(env)
+            idle = self._idle
+            while idle:
+                fut = idle.popleft()
+                if not fut.done():
+                    fut.set_result(True)
+                    break
+        elif to in _TERMINAL:
+            del self._live[env]
+            _set(env, "_owner", None)
+            self._terminal[to] += 1
+            if rec.handle is not None:
+                rec.handle.cancel()
+                rec.handle = None
+            if self.limiter is not None:
+                self.limiter.forget(env)
+            if to is _RETURNED:
+                self._handed.append((rec.seq, env))
+            if self._waiters:
+                self._pump()
+        elif to is _DELAYED:
+            loop = self._loop_()
+            rec.due = loop.time() + delay
+            rec.handle = loop.call_at(rec.due, self._on_due, env)
+        elif to is _PARKED or to is _BUFFERED:
+            rec.due = max(0.0, delay)
+        else:
+            raise AssertionError(f"{to.name} is not entered through _enter")
 
     def _on_due(self, env: Envelope) -> None:
         rec = self._live.get(env)
@@ -848,7 +885,7 @@ class Queue:
         A failure retry waits at least ``limiter.when(env)``; a READY retry that must
         wait becomes DELAYED.
         """
-        if self.limiter is not None and outcome is not _OK:
+        if self.limiter is not None and outcome is not _OK and to in _REQUEUED:
             delay = max(delay, self.limiter.when(env))
             if delay > 0 and to is _READY:
                 to = EnvState.DELAYED
@@ -861,11 +898,12 @@ class Queue:
     # ----------------------------------------------------------------------------------
 
     async def _work(self, w: _Worker) -> None:
-        _WORKER.set((self, w))
         ready = self._ready
         idle = self._idle
+        live = self._live
         loop = self._loop_()
         rate = self.rate
+        bare_queue = not self.stamps
         paid = False
         while True:
             if w.epoch != self._epoch or self._state not in DISPATCHING:
@@ -883,20 +921,37 @@ class Queue:
                     await asyncio.sleep(wait)
                     continue
             paid = False
+            cause: BaseException | None
             env = ready.popleft()
-            rec = self._live[env]
+            rec = live[env]
             w.env = env
             rec.attempts += 1
-            self._move(env, rec, EnvEvent.DISPATCH, _RUNNING_E)
+            rec.state = _RUNNING_E
+            _ATTEMPT.set(env)
+            if self._observed:
+                self._observe(env, _READY, _DISPATCH, _RUNNING_E, None)
             try:
-                if env._bare and not self.stamps:
-                    outcome, cause = await self._bare_attempt(w, env)
+                if env._bare and bare_queue:
+                    # The attempt of an envelope with no hooks, stamps or deadline.
+                    w.cancellable = True
+                    try:
+                        if env._async:
+                            await env.invoke(env)  # type: ignore[misc]
+                        else:
+                            await self._in_thread(env.invoke, env)
+                    except BaseException as exc:
+                        outcome, cause = self._classify(w, env, exc), exc
+                    else:
+                        outcome, cause = _OK, None
+                    w.cancellable = False
                 else:
                     outcome, cause = await self._attempt(w, env)
-                await self._settle(w, env, rec, outcome, cause)
+                pending = self._settle(w, env, rec, outcome, cause)
+                if pending is not None:
+                    await pending
             except Exception as exc:  # the queue's own failure: log, end the envelope
                 log.exception("queue %r: internal error handling %s", self.name, env.label())
-                if self._live.get(env) is rec and rec.state is _RUNNING_E:
+                if live.get(env) is rec and rec.state is _RUNNING_E:
                     self._enter(env, rec, Outcome.ERROR, EnvState.FAILED, cause=exc)
             finally:
                 w.env = None
@@ -926,22 +981,6 @@ class Queue:
         if isinstance(exc, Exception):
             return Outcome.ERROR
         raise exc
-
-    async def _bare_attempt(
-        self, w: _Worker, env: Envelope
-    ) -> tuple[Outcome, BaseException | None]:
-        """An attempt of an envelope with no hooks, stamps or deadline."""
-        w.cancellable = True
-        try:
-            if env._async:
-                await env.invoke(env)  # type: ignore[misc]
-            else:
-                await self._in_thread(env.invoke, env)
-        except BaseException as exc:
-            w.cancellable = False
-            return self._classify(w, env, exc), exc
-        w.cancellable = False
-        return _OK, None
 
     async def _attempt(self, w: _Worker, env: Envelope) -> tuple[Outcome, BaseException | None]:
         """``before → stamps → invoke → after`` under the deadline and hook budgets."""
@@ -1085,45 +1124,37 @@ class Queue:
     # The outcome interpreter
     # ----------------------------------------------------------------------------------
 
-    async def _settle(
+    def _settle(
         self,
         w: _Worker,
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
         cause: BaseException | None,
-    ) -> None:
-        """Perform the outcome table's row for this attempt."""
+    ) -> Awaitable[None] | None:
+        """Perform the outcome table's row for this attempt.
+
+        Rows whose action needs no hook complete here; the others return the coroutine
+        that runs the hook and then completes the row.
+        """
         self._outcomes[outcome] += 1
         row: OutcomeRow = OUTCOMES[(rec.kind, outcome)]
         run = self._run
         if run is not None:
-            (run.cancelled if outcome is Outcome.CANCELLED else run.completed).append(env)
+            (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
         match row.action:
             case Action.SUCCEED:
-                await self._on_success(env)
+                if env.on_success is not None:
+                    return self._succeed(env, rec, outcome, row)
                 self._enter(env, rec, outcome, row.target)
             case Action.RESCHEDULE:
-                await self._on_success(env)
-                rec.failures = 0
-                if self.limiter is not None:
-                    self.limiter.forget(env)
-                self._requeue(env, rec, outcome, row.target, self._next_run(env, rec), None)
+                return self._reschedule(env, rec, outcome, row)
             case Action.DECIDE:
-                to, delay, cause = await self._decide(env, rec, row, cause)
-                self._requeue(env, rec, outcome, to, delay, cause)
+                return self._decide(env, rec, outcome, row, cause)
             case Action.DECIDE_PERIODIC:
-                rec.failures += 1
-                if env.on_failure is None:
-                    to, delay = row.target, self._next_run(env, rec)
-                else:
-                    decision = await self._on_failure(env, cause, rec.failures)
-                    to, delay = DECISION_TARGET[decision.kind], decision.delay
-                self._requeue(env, rec, outcome, to, delay, cause)
+                return self._decide_periodic(env, rec, outcome, row, cause)
             case Action.REPORT_FAILURE:
-                if env.on_failure is not None:
-                    await self._on_failure(env, cause, self._attempt_no(rec))
-                self._enter(env, rec, outcome, row.target, cause=cause)
+                return self._report_failure(env, rec, outcome, row, cause)
             case Action.END:
                 self._enter(env, rec, outcome, row.target, cause=cause)
             case Action.BLACKLIST:
@@ -1132,32 +1163,83 @@ class Queue:
             case Action.SHELVE:
                 assert w.cancel_cause is not None
                 to = SHELVE_TARGET[w.cancel_cause]
-                self._enter(env, rec, outcome, row.target if to is row.target else to, cause=cause)
+                self._enter(env, rec, outcome, to, cause=cause)
             case _:
                 assert_never(row.action)
+        return None
+
+    async def _succeed(self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow) -> None:
+        await self._on_success(env)
+        self._enter(env, rec, outcome, row.target)
+
+    async def _reschedule(
+        self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
+    ) -> None:
+        await self._on_success(env)
+        rec.failures = 0
+        if self.limiter is not None:
+            self.limiter.forget(env)
+        self._requeue(env, rec, outcome, row.target, self._next_run(env, rec), None)
+
+    async def _decide_periodic(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        row: OutcomeRow,
+        cause: BaseException | None,
+    ) -> None:
+        """Periodic failure: on_failure's decision if set, else the next interval."""
+        rec.failures += 1
+        if env.on_failure is None:
+            to, delay = row.target, self._next_run(env, rec)
+        else:
+            decision = await self._on_failure(env, cause, rec.failures)
+            to, delay = DECISION_TARGET[decision.kind], decision.delay
+        self._requeue(env, rec, outcome, to, delay, cause)
+
+    async def _report_failure(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        row: OutcomeRow,
+        cause: BaseException | None,
+    ) -> None:
+        if env.on_failure is not None:
+            await self._on_failure(env, cause, self._attempt_no(rec))
+        self._enter(env, rec, outcome, row.target, cause=cause)
 
     @staticmethod
     def _attempt_no(rec: _Rec) -> int:
         return rec.failures + 1 if rec.kind is Kind.PERIODIC else rec.attempts
 
     async def _decide(
-        self, env: Envelope, rec: _Rec, row: OutcomeRow, cause: BaseException | None
-    ) -> tuple[EnvState, float, BaseException | None]:
+        self,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        row: OutcomeRow,
+        cause: BaseException | None,
+    ) -> None:
         """One-off failure: on_failure's decision, else the Retry policy, else drop."""
         attempt = rec.attempts
+        to, delay = row.target, 0.0
         if env.on_failure is not None:
             decision = await self._on_failure(env, cause, attempt)
-            return DECISION_TARGET[decision.kind], decision.delay, cause
-        retry = env.retry
-        if retry is None:
-            return row.target, 0.0, cause
-        if retry.allows(attempt):
-            return EnvState.DELAYED, retry.delay(attempt), cause
-        exhausted = MaxRetriesExceeded(
-            f"queue {self.name!r}: {env.label()} failed {attempt} of {retry.attempts} attempts"
-        )
-        exhausted.__cause__ = cause
-        return row.target, 0.0, exhausted
+            to, delay = DECISION_TARGET[decision.kind], decision.delay
+        elif env.retry is not None:
+            retry = env.retry
+            if retry.allows(attempt):
+                to, delay = DECISION_TARGET[DecisionKind.RETRY_AFTER], retry.delay(attempt)
+            else:
+                exhausted = MaxRetriesExceeded(
+                    f"queue {self.name!r}: {env.label()} failed {attempt} of "
+                    f"{retry.attempts} attempts"
+                )
+                exhausted.__cause__ = cause
+                cause = exhausted
+        self._requeue(env, rec, outcome, to, delay, cause)
 
     def _blacklist_type(self, culprit: Envelope) -> None:
         kind = culprit.type
@@ -1194,9 +1276,17 @@ class Queue:
         except RuntimeError:
             return 0.0
 
-    def _inside(self) -> tuple[Queue, _Worker] | None:
-        current = _WORKER.get()
-        return current if current is not None and current[0] is self else None
+    def _inside(self) -> _Worker | None:
+        """The worker running the attempt the current task belongs to, if it is one of
+        this queue's attempts still in progress (or its hooks)."""
+        env = _ATTEMPT.get()
+        owner: object = env._owner if env is not None else None
+        if owner is not self:
+            return None
+        for w in self._crew:
+            if w.env is env:
+                return w
+        return None
 
     def _emit(self, event: Event) -> None:
         for listener in list(self._listeners):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import math
 import random
 from collections.abc import Mapping
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from envq._errors import BadEnvelope
-from envq._machine import DecisionKind, EnvState, Outcome, QueueState
+from envq._machine import DecisionKind, EnvState, Outcome, QueueState, _Enum
 
 if TYPE_CHECKING:
     from envq._envelope import Envelope
@@ -33,7 +32,7 @@ __all__ = [
 ]
 
 
-class StopMode(enum.Enum):
+class StopMode(_Enum):
     """How ``stop()`` treats READY envelopes (contract §3)."""
 
     #: Ready envelopes run before the stop ends; what they reschedule is parked.
@@ -42,7 +41,7 @@ class StopMode(enum.Enum):
     STOP = "stop"
 
 
-class Schedule(enum.Enum):
+class Schedule(_Enum):
     """How a periodic envelope's next run is timed."""
 
     #: Next run ``interval`` after the previous attempt ends (the seed's behaviour).
