@@ -5,6 +5,14 @@ schedules, per-attempt deadlines, hooks, middleware ("stamps"), failure decision
 retries with backoff, a capacity limit with backpressure, dedup by identity, and a
 restartable Start/Stop/Start lifecycle. The lifecycle and the per-envelope outcomes are
 explicit state machines whose transition tables live, as data, in ``envq._machine``.
+
+Type aliases (for annotating your own callables):
+
+- ``Invoke`` — an envelope's ``invoke``/``before``/``after``/``on_success``:
+  ``(env) -> None``, ``async def`` or plain.
+- ``FailureHook`` — ``on_failure``: ``(env, exc, attempt) -> Decision | None``.
+- ``Invoker`` — what a stamp wraps: ``async (env) -> None``.
+- ``Stamp`` — middleware: ``(Invoker) -> Invoker``.
 """
 
 from envq._envelope import Envelope, FailureHook, Invoke, Invoker, Stamp

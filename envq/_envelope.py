@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import attrs
 
@@ -145,7 +145,8 @@ class Envelope:
     :param schedule: periodic timing, :data:`envq.FIXED_DELAY` or :data:`envq.FIXED_RATE`.
     """
 
-    invoke: Invoke = attrs.field(validator=_check_invoke)
+    # Defaults to None only so that a missing invoke raises BadEnvelope, not TypeError.
+    invoke: Invoke = attrs.field(default=cast("Invoke", None), validator=_check_invoke)
     id: Hashable = attrs.field(default=None, validator=_check_id)
     type: str = attrs.field(default="", validator=_check_type)
     interval: float = attrs.field(default=0.0, converter=_interval)

@@ -21,7 +21,9 @@ every pair is one or the other.
 
 ``ENVELOPE_MOVES`` is the envelope machine as a relation (state, event) → the states
 the event may lead to; the runtime checks every envelope move against it when
-``STRICT`` is on (envq's test suite turns it on), and the python-statemachine models
+``STRICT`` is on. The tables are plain dicts typed ``Mapping`` (read-only to mypy): the
+worker reads ``OUTCOMES`` on every attempt and a ``MappingProxyType`` costs a little
+more per lookup (envq's test suite turns it on), and the python-statemachine models
 in ``models/`` are proven equal to these tables.
 """
 
@@ -213,31 +215,29 @@ _S = QueueState
 _C = QueueCall
 _L = LifeAction
 
-LIFECYCLE: Final[Mapping[tuple[QueueState, QueueCall], LifeRow]] = MappingProxyType(
-    {
-        (_S.INIT, _C.START): LifeRow(_L.ARM, _S.RUNNING),
-        (_S.INIT, _C.SEND): LifeRow(_L.BUFFER, _S.INIT),
-        (_S.INIT, _C.STOP): LifeRow(_L.NOTHING, _S.INIT),
-        (_S.INIT, _C.TERMINATE): LifeRow(_L.HAND_BACK, _S.TERMINATED),
-        (_S.RUNNING, _C.START): LifeRow(_L.NOTHING, _S.RUNNING),
-        (_S.RUNNING, _C.SEND): LifeRow(_L.ADMIT, _S.RUNNING),
-        (_S.RUNNING, _C.STOP): LifeRow(_L.BEGIN_STOP, _S.STOPPING),
-        (_S.RUNNING, _C.TERMINATE): LifeRow(_L.STOP_THEN_TERMINATE, _S.TERMINATED),
-        (_S.STOPPING, _C.START): LifeRow(_L.REJECT, None, QueueStopping),
-        (_S.STOPPING, _C.SEND): LifeRow(_L.REJECT, None, QueueStopping),
-        (_S.STOPPING, _C.STOP): LifeRow(_L.AWAIT_STOP, _S.STOPPING),
-        (_S.STOPPING, _C.TERMINATE): LifeRow(_L.ESCALATE_THEN_TERMINATE, _S.TERMINATED),
-        (_S.STOPPING, _C.DRAINED): LifeRow(_L.FINISH_STOP, _S.STOPPED),
-        (_S.STOPPED, _C.START): LifeRow(_L.ARM, _S.RUNNING),
-        (_S.STOPPED, _C.SEND): LifeRow(_L.REJECT, None, QueueNotRunning),
-        (_S.STOPPED, _C.STOP): LifeRow(_L.NOTHING, _S.STOPPED),
-        (_S.STOPPED, _C.TERMINATE): LifeRow(_L.HAND_BACK, _S.TERMINATED),
-        (_S.TERMINATED, _C.START): LifeRow(_L.REJECT, None, QueueTerminated),
-        (_S.TERMINATED, _C.SEND): LifeRow(_L.REJECT, None, QueueTerminated),
-        (_S.TERMINATED, _C.STOP): LifeRow(_L.NOTHING, _S.TERMINATED),
-        (_S.TERMINATED, _C.TERMINATE): LifeRow(_L.NOTHING, _S.TERMINATED),
-    }
-)
+LIFECYCLE: Final[Mapping[tuple[QueueState, QueueCall], LifeRow]] = {
+    (_S.INIT, _C.START): LifeRow(_L.ARM, _S.RUNNING),
+    (_S.INIT, _C.SEND): LifeRow(_L.BUFFER, _S.INIT),
+    (_S.INIT, _C.STOP): LifeRow(_L.NOTHING, _S.INIT),
+    (_S.INIT, _C.TERMINATE): LifeRow(_L.HAND_BACK, _S.TERMINATED),
+    (_S.RUNNING, _C.START): LifeRow(_L.NOTHING, _S.RUNNING),
+    (_S.RUNNING, _C.SEND): LifeRow(_L.ADMIT, _S.RUNNING),
+    (_S.RUNNING, _C.STOP): LifeRow(_L.BEGIN_STOP, _S.STOPPING),
+    (_S.RUNNING, _C.TERMINATE): LifeRow(_L.STOP_THEN_TERMINATE, _S.TERMINATED),
+    (_S.STOPPING, _C.START): LifeRow(_L.REJECT, None, QueueStopping),
+    (_S.STOPPING, _C.SEND): LifeRow(_L.REJECT, None, QueueStopping),
+    (_S.STOPPING, _C.STOP): LifeRow(_L.AWAIT_STOP, _S.STOPPING),
+    (_S.STOPPING, _C.TERMINATE): LifeRow(_L.ESCALATE_THEN_TERMINATE, _S.TERMINATED),
+    (_S.STOPPING, _C.DRAINED): LifeRow(_L.FINISH_STOP, _S.STOPPED),
+    (_S.STOPPED, _C.START): LifeRow(_L.ARM, _S.RUNNING),
+    (_S.STOPPED, _C.SEND): LifeRow(_L.REJECT, None, QueueNotRunning),
+    (_S.STOPPED, _C.STOP): LifeRow(_L.NOTHING, _S.STOPPED),
+    (_S.STOPPED, _C.TERMINATE): LifeRow(_L.HAND_BACK, _S.TERMINATED),
+    (_S.TERMINATED, _C.START): LifeRow(_L.REJECT, None, QueueTerminated),
+    (_S.TERMINATED, _C.SEND): LifeRow(_L.REJECT, None, QueueTerminated),
+    (_S.TERMINATED, _C.STOP): LifeRow(_L.NOTHING, _S.TERMINATED),
+    (_S.TERMINATED, _C.TERMINATE): LifeRow(_L.NOTHING, _S.TERMINATED),
+}
 
 #: (state, call) pairs that can never happen: DRAINED only occurs while STOPPING.
 ILLEGAL_LIFECYCLE: Final[frozenset[tuple[QueueState, QueueCall]]] = frozenset(
@@ -316,33 +316,31 @@ _COMMON: Final = {
     _O.CANCELLED: OutcomeRow(_A.SHELVE, _E.PARKED, frozenset({_E.RETURNED})),
 }
 
-OUTCOMES: Final[Mapping[tuple[Kind, Outcome], OutcomeRow]] = MappingProxyType(
-    {
-        **_rows(
-            Kind.ONE_OFF,
-            {
-                _O.OK: OutcomeRow(_A.SUCCEED, _E.SUCCEEDED),
-                _O.ERROR: OutcomeRow(_A.DECIDE, _E.FAILED, _REQUEUE),
-                _O.TIMEOUT: OutcomeRow(_A.DECIDE, _E.FAILED, _REQUEUE),
-                **_COMMON,
-            },
-        ),
-        **_rows(
-            Kind.PERIODIC,
-            {
-                _O.OK: OutcomeRow(_A.RESCHEDULE, _E.DELAYED, frozenset({_E.PARKED})),
-                _O.ERROR: OutcomeRow(
-                    _A.DECIDE_PERIODIC, _E.DELAYED, frozenset({_E.READY, _E.PARKED, _E.FAILED})
-                ),
-                _O.TIMEOUT: OutcomeRow(
-                    _A.DECIDE_PERIODIC, _E.DELAYED, frozenset({_E.READY, _E.PARKED, _E.FAILED})
-                ),
-                **_COMMON,
-            },
-        ),
-        **_rows(Kind.BLACKLISTED, {outcome: OutcomeRow(_A.END, _E.STOPPED) for outcome in _O}),
-    }
-)
+OUTCOMES: Final[Mapping[tuple[Kind, Outcome], OutcomeRow]] = {
+    **_rows(
+        Kind.ONE_OFF,
+        {
+            _O.OK: OutcomeRow(_A.SUCCEED, _E.SUCCEEDED),
+            _O.ERROR: OutcomeRow(_A.DECIDE, _E.FAILED, _REQUEUE),
+            _O.TIMEOUT: OutcomeRow(_A.DECIDE, _E.FAILED, _REQUEUE),
+            **_COMMON,
+        },
+    ),
+    **_rows(
+        Kind.PERIODIC,
+        {
+            _O.OK: OutcomeRow(_A.RESCHEDULE, _E.DELAYED, frozenset({_E.PARKED})),
+            _O.ERROR: OutcomeRow(
+                _A.DECIDE_PERIODIC, _E.DELAYED, frozenset({_E.READY, _E.PARKED, _E.FAILED})
+            ),
+            _O.TIMEOUT: OutcomeRow(
+                _A.DECIDE_PERIODIC, _E.DELAYED, frozenset({_E.READY, _E.PARKED, _E.FAILED})
+            ),
+            **_COMMON,
+        },
+    ),
+    **_rows(Kind.BLACKLISTED, {outcome: OutcomeRow(_A.END, _E.STOPPED) for outcome in _O}),
+}
 
 #: Where a failure decision sends the envelope.
 DECISION_TARGET: Final[Mapping[DecisionKind, EnvState]] = MappingProxyType(

@@ -92,6 +92,7 @@ _OK: Final = Outcome.OK
 _CANCELLED: Final = Outcome.CANCELLED
 _RUNNING_Q: Final = QueueState.RUNNING
 _INIT_Q: Final = QueueState.INIT
+_STOPPING_Q: Final = QueueState.STOPPING
 _ADMIT: Final = LifeAction.ADMIT
 _SEND: Final = QueueCall.SEND
 _DISPATCH: Final = EnvEvent.DISPATCH
@@ -99,7 +100,9 @@ _EV_SEND: Final = EnvEvent.SEND
 _ONE_OFF: Final = Kind.ONE_OFF
 _PERIODIC: Final = Kind.PERIODIC
 _REQUEUED: Final = frozenset({_READY, _DELAYED})
-_set = object.__setattr__
+#: Writes the envelope's private ``_owner`` slot directly (the class's own
+#: ``__setattr__`` freezes public fields; the slot descriptor skips it cheaply).
+_set_owner: Final = cast("Any", Envelope.__dict__["_owner"]).__set__
 
 #: Control signals raised by user code, first match wins (StopType before StopEnvelope).
 _SIGNALS: Final[tuple[tuple[type[BaseException], Outcome], ...]] = (
@@ -173,9 +176,13 @@ class _ThreadJob:
         self.finished = False
         self.abandoned = False
 
-    def __call__(self) -> Any:
+    def __call__(self) -> tuple[bool, Any]:
+        # The error is returned, not raised: asyncio would rebuild a TimeoutError or
+        # CancelledError crossing from a thread, and on_failure must see the original.
         try:
-            return self.ctx.run(self.fn, *self.args)
+            return True, self.ctx.run(self.fn, *self.args)
+        except BaseException as exc:
+            return False, exc
         finally:
             self.finished = True
 
@@ -531,8 +538,12 @@ class Queue:
             case LifeAction.REJECT:
                 assert row.error is not None
                 self._rejections["state"] += 1
+                about = ", ".join(
+                    env.label() if isinstance(env, Envelope) else repr(env) for env in batch[:3]
+                )
                 raise row.error(
                     f"queue {self.name!r} is {self._state.name}: {call.value}() is not allowed"
+                    + (f" ({about}{', …' if len(batch) > 3 else ''})" if batch else "")
                 )
             case LifeAction.ARM:
                 self._arm_all(row)
@@ -627,12 +638,12 @@ class Queue:
                 w.cancel_cause = cause
 
     def _check_drained(self) -> None:
-        if (
-            self._state is QueueState.STOPPING
-            and not self._ready
-            and not any(w.env is not None for w in self._crew)
-        ):
-            self._life(LIFECYCLE[(self._state, QueueCall.DRAINED)], QueueCall.DRAINED)
+        if self._ready or self._state is not _STOPPING_Q:
+            return
+        for w in self._crew:
+            if w.env is not None:
+                return
+        self._life(LIFECYCLE[(self._state, QueueCall.DRAINED)], QueueCall.DRAINED)
 
     def _finish_stop(self, row: LifeRow) -> None:
         self._set_state(row.target)
@@ -683,33 +694,23 @@ class Queue:
         if waiting:
             row = LIFECYCLE[(self._state, QueueCall.SEND)]
             if row.action is LifeAction.REJECT:
-                self._life(row, QueueCall.SEND)
+                self._life(row, QueueCall.SEND, cast("Sequence[Envelope]", items))
         fresh: list[Envelope] = []
-        for item in items:
-            if not isinstance(item, Envelope):
-                self._reject("invalid", BadEnvelope, f"not an Envelope: {item!r}")
-        batch = cast("Sequence[Envelope]", items)
-        if self._blacklist:
-            for env in batch:
-                if env.type in self._blacklist:
-                    self._reject(
-                        "blacklisted",
-                        TypeBlacklisted,
-                        f"type {env.type!r} is blacklisted ({env.label()})",
-                    )
         dedups = 0
-        for env in batch:
+        blacklist = self._blacklist
+        for env in items:
+            # One pass for the common case; anything wrong → the ordered checks.
+            if env.__class__ is not Envelope and not isinstance(env, Envelope):
+                self._refuse(items)
+            if blacklist and env.type in blacklist:
+                self._refuse(items)
             owner = env._owner
-            if owner is self:
-                dedups += 1
-            elif owner is not None:
-                self._reject(
-                    "foreign",
-                    BadEnvelope,
-                    f"{env.label()} is live in queue {owner.name!r}",
-                )
-            else:
+            if owner is None:
                 fresh.append(env)
+            elif owner is self:
+                dedups += 1
+            else:
+                self._refuse(items)
         if len(fresh) > 1:
             unique = list(dict.fromkeys(fresh))
             dedups += len(fresh) - len(unique)
@@ -734,7 +735,7 @@ class Queue:
         for env in fresh:
             seq += 1
             rec = _Rec(_PERIODIC if env.interval > 0 else _ONE_OFF, seq)
-            _set(env, "_owner", self)
+            _set_owner(env, self)
             live[env] = rec
             if buffered:
                 self._enter(env, rec, _EV_SEND, _BUFFERED)
@@ -743,6 +744,28 @@ class Queue:
                 self._enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
         self._seq = seq
         return True
+
+    def _refuse(self, items: Sequence[object]) -> NoReturn:
+        """Raise the error of the earliest failing check over the whole batch:
+        validation, then the blacklist, then dedup / another queue."""
+        for item in items:
+            if not isinstance(item, Envelope):
+                self._reject("invalid", BadEnvelope, f"not an Envelope: {item!r}")
+        batch = cast("Sequence[Envelope]", items)
+        for env in batch:
+            if env.type in self._blacklist:
+                self._reject(
+                    "blacklisted",
+                    TypeBlacklisted,
+                    f"type {env.type!r} is blacklisted ({env.label()})",
+                )
+        for env in batch:
+            owner = env._owner
+            if owner is not None and owner is not self:
+                self._reject(
+                    "foreign", BadEnvelope, f"{env.label()} is live in queue {owner.name!r}"
+                )
+        raise AssertionError("_refuse called on a valid batch")
 
     def _reject(self, reason: str, error: type[EnvqError], message: str) -> NoReturn:
         self._rejections[reason] += 1
@@ -842,7 +865,7 @@ class Queue:
                     break
         elif to in _TERMINAL:
             del self._live[env]
-            _set(env, "_owner", None)
+            _set_owner(env, None)
             self._terminal[to] += 1
             if rec.handle is not None:
                 rec.handle.cancel()
@@ -997,9 +1020,13 @@ class Queue:
                     if env.before is not None:
                         async with asyncio.timeout(budget) as bcm:
                             await self._call(env.before, env)
+                        if bcm.expired():  # before swallowed its budget's cancel
+                            raise TimeoutError(f"before overran its budget of {budget} s")
                     await self._chain(env)(env)
                 except StopEnvelope as exc:
                     stopped = exc
+            if dl.expired() and stopped is None:  # user code swallowed the deadline's cancel
+                raise TimeoutError(f"deadline of {env.deadline} s expired")
         except BaseException as exc:
             w.cancellable = False
             return self._classify(w, env, exc, dl, bcm), exc
@@ -1065,7 +1092,10 @@ class Queue:
         job = _ThreadJob(fn, args)
         self._jobs.add(job)
         try:
-            return await self._loop_().run_in_executor(self._pool_, job)
+            ok, value = await self._loop_().run_in_executor(self._pool_, job)
+            if not ok:
+                raise value
+            return value
         except asyncio.CancelledError:
             job.abandoned = True
             raise

@@ -185,8 +185,8 @@ class Event:
     #: The queue's name.
     queue: str
     envelope: Envelope | None
-    #: ``None`` for an envelope entering the queue.
-    from_state: QueueState | EnvState | None
+    #: ``EnvState.NEW`` for an envelope entering the queue.
+    from_state: QueueState | EnvState
     to_state: QueueState | EnvState
     #: The attempt's outcome when the change ends an attempt.
     outcome: Outcome | None = None
