@@ -1,0 +1,19 @@
+"""Formal models of envq: the auditor-readable copy of the contract's state machines.
+
+* :class:`~models.lifecycle.LifecycleModel` — the queue lifecycle (contract §3);
+* :class:`~models.envelope.EnvelopeModel` — one envelope's states and the outcome
+  table (contract §4).
+
+Both are python-statemachine ``StateMachine`` classes written from the contract.
+``tests/test_models.py`` proves them equal to the runtime tables in
+``envq._machine``; ``scripts/gen_specs.py`` renders them into ``specs/``;
+``scripts/explore.py`` checks the runtime tables against the invariants. See
+``docs/model.md``.
+"""
+
+from __future__ import annotations
+
+from models.envelope import EVENTS, Context, EnvelopeModel
+from models.lifecycle import CALL_EVENTS, REJECTED, LifecycleModel
+
+__all__ = ["CALL_EVENTS", "EVENTS", "REJECTED", "Context", "EnvelopeModel", "LifecycleModel"]
