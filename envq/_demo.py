@@ -30,6 +30,8 @@ report and returns 130.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 import sys
 from collections.abc import Iterable
@@ -50,6 +52,8 @@ METRICS_DEADLINE: Final = 0.2
 STALLED_RUN: Final = 3
 #: Exit code after Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED: Final = 130
+#: Exit code when stdout's reader went away (128 + SIGPIPE), as shells report it.
+EXIT_BROKEN_PIPE: Final = 141
 
 _TRANSIENT: Final = (
     "SMTP 451 4.7.1 greylisted, try again later",
@@ -174,10 +178,26 @@ class Demo:
         self.blacklisted = asyncio.Event()
         self.producer: asyncio.Task[None] | None = None
         self.problems: list[str] = []
+        #: The task running the demo, and whether stdout's reader has gone.
+        self.main: asyncio.Task[int] | None = None
+        self.gone = False
 
     # ------------------------------------------------------------------------------
     # Output
     # ------------------------------------------------------------------------------
+
+    def emit(self, text: str) -> None:
+        """Write and flush; when the reader has gone (``envq demo | head``), stop the
+        demo the way Ctrl-C does, silently."""
+        if self.gone or not text:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except BrokenPipeError:
+            self.gone = True
+            if self.main is not None and not self.main.done():
+                self.main.cancel()
 
     def now(self) -> float:
         """Seconds since the demo started."""
@@ -186,8 +206,7 @@ class Demo:
     def line(self, text: str, at: float | None = None) -> None:
         """Print one timestamped line."""
         t = self.now() if at is None else at
-        self.out.write(f"[{t:5.2f}s] {text}\n")
-        self.out.flush()
+        self.emit(f"[{t:5.2f}s] {text}\n")
 
     def say(self, text: str) -> None:
         """Print one of the driver's own actions."""
@@ -195,13 +214,11 @@ class Demo:
 
     def more(self, text: str) -> None:
         """Print a continuation line (no timestamp)."""
-        self.out.write(f"          {text}\n")
-        self.out.flush()
+        self.emit(f"          {text}\n")
 
     def plain(self, text: str = "") -> None:
         """Print a line as is."""
-        self.out.write(f"{text}\n")
-        self.out.flush()
+        self.emit(f"{text}\n")
 
     # ------------------------------------------------------------------------------
     # The workload
@@ -300,8 +317,7 @@ class Demo:
         env = ev.envelope
         if env is None:
             self.line(
-                f"{'queue ' + ev.queue:<13} {ev.from_state.name if ev.from_state else '-'}"
-                f" -> {ev.to_state.name}",
+                f"{'queue ' + ev.queue:<13} {ev.from_state.name} -> {ev.to_state.name}",
                 at,
             )
             return
@@ -311,9 +327,7 @@ class Demo:
         tr = self.track.setdefault(env, _Track())
         if to in (EnvState.SUCCEEDED, EnvState.FAILED, EnvState.STOPPED, EnvState.RETURNED):
             self.tally.terminal[to] = self.tally.terminal.get(to, 0) + 1
-        if frm is None or frm is EnvState.NEW:
-            # Admission. (The contract says ``from_state`` is None here; the engine
-            # reports EnvState.NEW: accept both.)
+        if frm is EnvState.NEW:  # admission (docs/decisions.md: NEW, not None)
             self.tally.admitted += 1
             tr.due = ev.time + env.delay
             return
@@ -342,10 +356,8 @@ class Demo:
             self._print(env, frm, to, "handed back by terminate()", at)
         else:  # DELAYED -> READY and the like: not worth a line
             return
-        for text in self.deferred:
-            self.out.write(text)
+        self.emit("".join(self.deferred))
         self.deferred.clear()
-        self.out.flush()
 
     def _attempt_ended(self, ev: Event, env: Envelope, tr: _Track, at: float) -> None:
         to = ev.to_state
@@ -400,8 +412,7 @@ class Demo:
         return f"[{at:5.2f}s] {label(env):<13} {moves:<21} {what}\n"
 
     def _print(self, env: Envelope, frm: object, to: EnvState, what: str, at: float) -> None:
-        self.out.write(self._fmt(env, frm, to, what, at))
-        self.out.flush()
+        self.emit(self._fmt(env, frm, to, what, at))
 
     # ------------------------------------------------------------------------------
     # The driver
@@ -611,28 +622,40 @@ class Demo:
         return 0
 
 
-async def _run(options: DemoOptions, out: TextIO) -> int:
+async def _run(options: DemoOptions, out: TextIO) -> tuple[int, bool]:
     demo = Demo(options, out)
-    task = asyncio.current_task()
+    task = demo.main = asyncio.current_task()
     try:
-        return await demo.scenario()
+        return await demo.scenario(), demo.gone
     except asyncio.CancelledError:
-        # asyncio.run turns the first Ctrl-C into a cancel of this task.
+        # asyncio.run turns the first Ctrl-C into a cancel of this task; a closed
+        # stdout does the same (see Demo.emit).
         if task is None or not task.cancelling():
             raise
         task.uncancel()
-        return await demo.interrupted()
+        code = await demo.interrupted()
+        return (EXIT_BROKEN_PIPE if demo.gone else code), demo.gone
 
 
 def run_demo(options: DemoOptions | None = None, out: TextIO | None = None) -> int:
     """Run the demo on a fresh event loop; return the process exit code.
 
-    0 on success, 1 if a check failed (printed as ``PROBLEM:``), 130 after Ctrl-C.
+    0 on success, 1 if a check failed (printed as ``PROBLEM:``), 130 after Ctrl-C,
+    141 when the reader of the output went away (``envq demo | head``).
     """
     stream = sys.stdout if out is None else out
     try:
-        return asyncio.run(_run(options or DemoOptions(), stream))
+        code, gone = asyncio.run(_run(options or DemoOptions(), stream))
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside the loop
-        stream.write("interrupted\n")
-        stream.flush()
+        with contextlib.suppress(OSError):
+            stream.write("interrupted\n")
+            stream.flush()
         return EXIT_INTERRUPTED
+    except asyncio.CancelledError:  # stdout went away while the demo was ending
+        code, gone = EXIT_BROKEN_PIPE, True
+    if gone and stream is sys.stdout:
+        # Keep the interpreter's final flush of stdout from complaining about the pipe.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+    return code
