@@ -22,7 +22,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, NoReturn, assert_never, cast
@@ -87,6 +87,7 @@ _RUNNING_E: Final = EnvState.RUNNING
 _PARKED: Final = EnvState.PARKED
 _BUFFERED: Final = EnvState.BUFFERED
 _RETURNED: Final = EnvState.RETURNED
+_FAILED: Final = EnvState.FAILED
 _TERMINAL: Final = _machine.TERMINAL_STATES
 _OK: Final = Outcome.OK
 _CANCELLED: Final = Outcome.CANCELLED
@@ -112,6 +113,8 @@ _SIGNALS: Final[tuple[tuple[type[BaseException], Outcome], ...]] = (
 )
 
 Listener = Callable[[Event], object]
+#: ``dead_letter(env, error)``: plain or ``async def``.
+DeadLetter = Callable[[Envelope, BaseException | None], object]
 
 
 class _Rec:
@@ -187,7 +190,7 @@ class _ThreadJob:
             self.finished = True
 
 
-_TASKS: set[asyncio.Task[None]] = set()
+_TASKS: set[asyncio.Task[Any]] = set()
 
 #: The envelope whose attempt the current task runs (or was spawned from).
 _ATTEMPT: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
@@ -208,6 +211,9 @@ class Queue:
         waits ``rate.when(env)``.
     :param limiter: a failure-retry limiter: every retry waits at least
         ``limiter.when(env)``; ``limiter.forget(env)`` when the envelope succeeds or ends.
+    :param dead_letter: called as ``dead_letter(env, error)`` for every envelope that
+        ends FAILED, with its last error (``MaxRetriesExceeded`` when retries ran out);
+        plain or ``async def`` (then run as a task); errors are logged.
     :param hook_timeout: the hooks' time budgets.
     :param threads: size of the thread pool for plain callables (default
         ``min(32, workers + 4)``).
@@ -224,6 +230,7 @@ class Queue:
         stamps: Iterable[Stamp] = (),
         rate: RateLimiter | None = None,
         limiter: RateLimiter | None = None,
+        dead_letter: DeadLetter | None = None,
         hook_timeout: HookTimeout = HookTimeout(),  # noqa: B008 - frozen value
         threads: int | None = None,
     ) -> None:
@@ -260,6 +267,11 @@ class Queue:
         self.stamps: Final[tuple[Stamp, ...]] = stamps
         self.rate: Final = rate
         self.limiter: Final = limiter
+        if dead_letter is not None and not callable(dead_letter):
+            raise ValueError(f"Queue {name!r}: dead_letter must be callable, got {dead_letter!r}")
+        self.dead_letter: Final = dead_letter
+        self._dead_async = dead_letter is not None and is_async_callable(dead_letter)
+        self._empty_waiters: list[asyncio.Future[None]] = []
         self.hook_timeout: Final = hook_timeout
         self._threads = threads or min(32, workers + 4)
 
@@ -460,6 +472,25 @@ class Queue:
         assert row.target is None or self._state is row.target, (row, self._state)
         handed.sort(key=lambda pair: pair[0])
         return [env for _seq, env in handed]
+
+    async def run_until_empty(self) -> StopReport:
+        """Bootstrap mode: start if needed, run until no envelope is left in the queue,
+        then stop; returns the stop's report.
+
+        Every live envelope must reach a terminal state first, so a periodic envelope
+        keeps this waiting until it stops (wrap the call in ``asyncio.timeout`` to
+        bound it).
+
+        :raises RuntimeError: when called from inside one of the queue's attempts.
+        """
+        if self._inside() is not None:
+            raise RuntimeError(f"queue {self.name!r}: run_until_empty() from inside the queue")
+        self.start()
+        if self._live:
+            fut = self._loop_().create_future()
+            self._empty_waiters.append(fut)
+            await asyncio.shield(fut)
+        return await self.stop()
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every state change; returns an unsubscribe
@@ -670,6 +701,31 @@ class Queue:
             self._pool_ = None
         self._wake_stopped()
 
+    def _wake_empty(self) -> None:
+        waiters, self._empty_waiters = self._empty_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _to_dead_letter(self, env: Envelope, error: BaseException | None) -> None:
+        dead_letter = self.dead_letter
+        assert dead_letter is not None
+        try:
+            if self._dead_async:
+                coro = cast("Coroutine[Any, Any, object]", dead_letter(env, error))
+                task: asyncio.Task[Any] = self._loop_().create_task(coro)
+                _TASKS.add(task)
+                task.add_done_callback(self._dead_letter_done)
+            else:
+                dead_letter(env, error)
+        except Exception:
+            log.exception("queue %r: dead_letter failed for %s", self.name, env.label())
+
+    def _dead_letter_done(self, task: asyncio.Task[Any]) -> None:
+        _TASKS.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("queue %r: dead_letter failed", self.name, exc_info=task.exception())
+
     def _wake_stopped(self) -> None:
         waiters, self._stopped_waiters = self._stopped_waiters, []
         for fut in waiters:
@@ -874,6 +930,10 @@ class Queue:
                 self.limiter.forget(env)
             if to is _RETURNED:
                 self._handed.append((rec.seq, env))
+            elif to is _FAILED and self.dead_letter is not None:
+                self._to_dead_letter(env, cause)
+            if self._empty_waiters and not self._live:
+                self._wake_empty()
             if self._waiters:
                 self._pump()
         elif to is _DELAYED:
