@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable
@@ -10,6 +11,7 @@ from typing import Any, TypeAlias, cast
 import attrs
 
 from envq._errors import BadEnvelope, BadIntervals
+from envq._machine import EnvState, Kind
 from envq._values import Decision, Retry, Schedule, _finite_seconds
 
 __all__ = [
@@ -39,6 +41,30 @@ FailureHook: TypeAlias = Callable[
 Invoker: TypeAlias = Callable[["Envelope"], Awaitable[None]]
 #: Middleware: takes the next invoker, returns one that wraps it.
 Stamp: TypeAlias = Callable[[Invoker], Invoker]
+
+
+class _Rec:
+    """A queue's bookkeeping of one envelope during one stay in it.
+
+    Every envelope carries one, made with it: an envelope is live in at most one
+    queue at a time, and admission resets it, so sending allocates nothing (which
+    keeps the garbage collector out of the send/run path).
+
+    ``due`` means: READY/RUNNING — the scheduled start of a periodic run; DELAYED —
+    the loop time it becomes ready; BUFFERED/PARKED — the delay still to wait when
+    armed.
+    """
+
+    __slots__ = ("attempts", "due", "failures", "handle", "kind", "seq", "state")
+
+    def __init__(self) -> None:
+        self.state = EnvState.NEW
+        self.kind = Kind.ONE_OFF
+        self.seq = 0
+        self.due = 0.0
+        self.handle: asyncio.TimerHandle | None = None
+        self.attempts = 0
+        self.failures = 0
 
 
 def is_async_callable(fn: object) -> bool:
@@ -167,6 +193,7 @@ class Envelope:
     _bare: bool = attrs.field(init=False, default=False)
     # The queue this envelope is live in (None when in none); set by the queue only.
     _owner: Any = attrs.field(init=False, default=None)
+    _rec: _Rec = attrs.field(init=False, factory=_Rec, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.interval > 0 and self.deadline > self.interval:

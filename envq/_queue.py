@@ -28,7 +28,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Final, NoReturn, assert_never, cast
 
 from envq import _machine
-from envq._envelope import Envelope, Invoker, Stamp, is_async_callable
+from envq._envelope import Envelope, Invoker, Stamp, _Rec, is_async_callable
 from envq._errors import (
     BadEnvelope,
     CapacityExceeded,
@@ -115,23 +115,6 @@ _SIGNALS: Final[tuple[tuple[type[BaseException], Outcome], ...]] = (
 Listener = Callable[[Event], object]
 #: ``dead_letter(env, error)``: plain or ``async def``.
 DeadLetter = Callable[[Envelope, BaseException | None], object]
-
-
-class _Rec:
-    """Bookkeeping of one live envelope. ``due`` means: READY/RUNNING — the scheduled
-    start of the run; DELAYED — the loop time it becomes ready; BUFFERED/PARKED — the
-    delay still to wait when armed."""
-
-    __slots__ = ("attempts", "due", "failures", "handle", "kind", "seq", "state")
-
-    def __init__(self, kind: Kind, seq: int) -> None:
-        self.state = _NEW
-        self.kind = kind
-        self.seq = seq
-        self.due = 0.0
-        self.handle: asyncio.TimerHandle | None = None
-        self.attempts = 0
-        self.failures = 0
 
 
 class _Worker:
@@ -784,13 +767,20 @@ class Queue:
                     f"{why} for {len(fresh)} envelope(s): {len(self._live)} of "
                     f"{self.capacity} used ({fresh[0].label()})",
                 )
-        self._dedups += dedups
+        if dedups:
+            self._dedups += dedups
         buffered = self._state is _INIT_Q
         live = self._live
         seq = self._seq
         for env in fresh:
             seq += 1
-            rec = _Rec(_PERIODIC if env.interval > 0 else _ONE_OFF, seq)
+            # The envelope's own record, reset for this stay (no allocation per send).
+            rec = env._rec
+            rec.state = _NEW
+            rec.kind = _PERIODIC if env.interval > 0 else _ONE_OFF
+            rec.seq = seq
+            rec.attempts = 0
+            rec.failures = 0
             _set_owner(env, self)
             live[env] = rec
             if buffered:
@@ -911,7 +901,8 @@ class Queue:
         if self._observed:
             self._observe(env, frm, event, to, cause)
         if to is _READY:
-            rec.due = self._loop_().time()
+            if rec.kind is _PERIODIC:  # the FIXED_RATE grid needs the scheduled start
+                rec.due = self._loop_().time()
             self._ready.append(env)
             idle = self._idle
             while idle:
@@ -989,9 +980,11 @@ class Queue:
         bare_queue = not self.stamps
         paid = False
         while True:
-            if w.epoch != self._epoch or self._state not in DISPATCHING:
-                return
             if not ready:
+                # Ready work only exists while dispatching, so the lifecycle is checked
+                # here, before idling, not on every envelope.
+                if w.epoch != self._epoch or self._state not in DISPATCHING:
+                    return
                 fut: asyncio.Future[bool] = loop.create_future()
                 idle.append(fut)
                 if not await fut:
@@ -1002,11 +995,13 @@ class Queue:
                 if wait > 0:
                     paid = True
                     await asyncio.sleep(wait)
+                    if w.epoch != self._epoch:
+                        return
                     continue
             paid = False
             cause: BaseException | None
             env = ready.popleft()
-            rec = live[env]
+            rec = env._rec
             w.env = env
             rec.attempts += 1
             rec.state = _RUNNING_E
