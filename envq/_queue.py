@@ -131,11 +131,9 @@ class _Worker:
 class _StopRun:
     """One stop under way."""
 
-    __slots__ = ("cancelled", "cause", "completed", "done", "mode", "spared")
+    __slots__ = ("cancelled", "completed", "done", "spared")
 
-    def __init__(self, mode: StopMode, cause: CancelCause | None, done: asyncio.Future[None]):
-        self.mode = mode
-        self.cause = cause
+    def __init__(self, done: asyncio.Future[None]) -> None:
         self.completed: list[Envelope] = []
         self.cancelled: list[Envelope] = []
         self.done = done
@@ -607,7 +605,7 @@ class Queue:
     def _begin_stop(
         self, row: LifeRow, mode: StopMode, cause: CancelCause | None
     ) -> asyncio.Future[None]:
-        run = self._run = _StopRun(mode, cause, self._loop_().create_future())
+        run = self._run = _StopRun(self._loop_().create_future())
         run.spared = self._inside()
         self._set_state(row.target)
         self._park(mode)
@@ -618,8 +616,6 @@ class Queue:
     def _escalate(self, cause: CancelCause | None) -> asyncio.Future[None]:
         run = self._run
         assert run is not None
-        run.mode = StopMode.STOP
-        run.cause = cause
         self._park(StopMode.STOP)
         run.spared = None  # terminate spares nobody
         self._cancel_in_flight(cause)
@@ -686,9 +682,7 @@ class Queue:
 
     def _wake_empty(self) -> None:
         waiters, self._empty_waiters = self._empty_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        _release(waiters)
 
     def _to_dead_letter(self, env: Envelope, error: BaseException | None) -> None:
         dead_letter = self.dead_letter
@@ -711,9 +705,7 @@ class Queue:
 
     def _wake_stopped(self) -> None:
         waiters, self._stopped_waiters = self._stopped_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        _release(waiters)
 
     def _report(self) -> StopReport:
         run = self._run
@@ -1379,6 +1371,13 @@ class Queue:
                 listener(event)
             except Exception:
                 log.exception("queue %r: event listener %r failed", self.name, listener)
+
+
+def _release(futures: Iterable[asyncio.Future[None]]) -> None:
+    """Resolve every future not already done (cancelled waiters are skipped)."""
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
 
 
 def _wall_now() -> float:
