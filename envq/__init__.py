@@ -6,6 +6,13 @@ retries with backoff, a capacity limit with backpressure, dedup by identity, and
 restartable Start/Stop/Start lifecycle. The lifecycle and the per-envelope outcomes are
 explicit state machines whose transition tables live, as data, in ``envq._machine``.
 
+Observability (``docs/observability.md``): every state change is an :class:`Event` for
+the listeners of ``Queue.subscribe``; :func:`prometheus_metrics` exports client-go's
+workqueue metrics and envq's own (extra ``envq[prometheus]``), :func:`serve_metrics`
+serves them over HTTP, :func:`logging_stamp` logs each attempt with structured fields
+and :func:`otel_stamp` traces it (extra ``envq[otel]``). The optional packages are
+imported only when these functions are called.
+
 Type aliases (for annotating your own callables):
 
 - ``Invoke`` — an envelope's ``invoke``/``before``/``after``/``on_success``:
@@ -13,8 +20,15 @@ Type aliases (for annotating your own callables):
 - ``FailureHook`` — ``on_failure``: ``(env, exc, attempt) -> Decision | None``.
 - ``Invoker`` — what a stamp wraps: ``async (env) -> None``.
 - ``Stamp`` — middleware: ``(Invoker) -> Invoker``.
+- ``TaskFn`` — a task's work: ``() -> Any``, ``async def`` or plain.
+- ``AfterCallback`` — a task's ``after(error)`` callback.
+
+The dowork-style task API: ``envq.submit(fn)``, ``envq.enqueue(task)``,
+``envq.Task(fn).retries(5).within(10)…``, ``envq.TaskQueue``,
+``envq.BackgroundQueue`` (for synchronous programs) and ``envq.shutdown()``.
 """
 
+from envq._background import BackgroundQueue, enqueue, shutdown, submit
 from envq._envelope import Envelope, FailureHook, Invoke, Invoker, Stamp
 from envq._errors import (
     AlreadyComplete,
@@ -32,10 +46,20 @@ from envq._errors import (
     StopType,
     TypeBlacklisted,
 )
-from envq._limits import ExponentialBackoff, RateLimiter, TokenBucket
+from envq._limits import (
+    ExponentialBackoff,
+    FastSlow,
+    MaxOf,
+    RateLimiter,
+    TokenBucket,
+    default_limiter,
+)
 from envq._machine import EnvState, Kind, Outcome, QueueState
+from envq._metrics import MetricsServer, PrometheusMetrics, prometheus_metrics, serve_metrics
+from envq._otel import otel_stamp
 from envq._queue import Queue
 from envq._stamps import logging_stamp
+from envq._tasks import AfterCallback, Task, TaskFn, TaskQueue
 from envq._values import (
     FIXED_DELAY,
     FIXED_RATE,
@@ -57,7 +81,9 @@ __version__ = "0.1.0"
 __all__ = [
     "FIXED_DELAY",
     "FIXED_RATE",
+    "AfterCallback",
     "AlreadyComplete",
+    "BackgroundQueue",
     "BadEnvelope",
     "BadIntervals",
     "CapacityExceeded",
@@ -69,12 +95,16 @@ __all__ = [
     "Event",
     "ExponentialBackoff",
     "FailureHook",
+    "FastSlow",
     "HookTimeout",
     "Invoke",
     "Invoker",
     "Kind",
+    "MaxOf",
     "MaxRetriesExceeded",
+    "MetricsServer",
     "Outcome",
+    "PrometheusMetrics",
     "Queue",
     "QueueNotRunning",
     "QueueShuttingDown",
@@ -90,10 +120,20 @@ __all__ = [
     "StopMode",
     "StopReport",
     "StopType",
+    "Task",
+    "TaskFn",
+    "TaskQueue",
     "TokenBucket",
     "TypeBlacklisted",
+    "default_limiter",
     "drop",
+    "enqueue",
     "logging_stamp",
+    "otel_stamp",
+    "prometheus_metrics",
     "retry_after",
     "retry_now",
+    "serve_metrics",
+    "shutdown",
+    "submit",
 ]

@@ -1,4 +1,9 @@
-"""The ``envq`` command line: ``python -m envq demo [--duration S] [--seed N] [--workers N]``.
+"""The ``envq`` command line.
+
+* ``envq demo [--duration S] [--seed N] [--workers N] [--metrics-port PORT] [--live|--plain]``
+  runs the narrated demo (:mod:`envq._demo`);
+* ``envq spec [--format text|markdown|json]`` prints the runtime's lifecycle and outcome
+  tables (:mod:`envq._machine`), the ones the queue executes.
 
 ``main(argv)`` is also the ``envq`` console script.
 """
@@ -6,13 +11,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from enum import Enum
+from typing import Any, Final
 
+from envq import _machine as m
 from envq._demo import DemoOptions, run_demo
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "render_spec", "spec_data"]
+
+#: The formats of ``envq spec``.
+SPEC_FORMATS: Final = ("text", "markdown", "json")
 
 
 def _duration(text: str) -> float:
@@ -35,6 +47,16 @@ def _workers(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535 (0: any free port), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``envq`` command."""
     parser = argparse.ArgumentParser(
@@ -47,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Run emails with retries, a periodic collector with a deadline, a blacklisted "
             "report type, backpressure, a stop/restart and a final terminate, printing "
-            "every step. Exit code 0 on success, 130 after Ctrl-C."
+            "every step (a live table instead when stdout is a terminal and rich is "
+            "installed). Exit code 0 on success, 130 after Ctrl-C."
         ),
     )
     demo.add_argument(
@@ -63,6 +86,47 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--workers", type=_workers, default=4, metavar="N", help="queue workers (default 4)"
     )
+    demo.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help=(
+            "serve Prometheus metrics on http://127.0.0.1:PORT/metrics while the demo runs "
+            "(0: any free port; needs prometheus_client)"
+        ),
+    )
+    view = demo.add_mutually_exclusive_group()
+    view.add_argument(
+        "--live",
+        dest="live",
+        action="store_const",
+        const=True,
+        default=None,
+        help="show the live view even when stdout is not a terminal (needs rich)",
+    )
+    view.add_argument(
+        "--plain",
+        dest="live",
+        action="store_const",
+        const=False,
+        help="print the plain narration even on a terminal",
+    )
+    spec = commands.add_parser(
+        "spec",
+        help="print the lifecycle and outcome tables the runtime executes",
+        description=(
+            "Print envq's state machines as the queue runs them: the lifecycle table "
+            "(queue state x call), the outcome table ((kind, outcome) of an attempt) "
+            "and the choices their rows may make."
+        ),
+    )
+    spec.add_argument(
+        "--format",
+        choices=SPEC_FORMATS,
+        default="text",
+        help="text (default), markdown or json",
+    )
     return parser
 
 
@@ -72,9 +136,171 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return run_demo(DemoOptions(duration=args.duration, seed=args.seed, workers=args.workers))
+        return run_demo(
+            DemoOptions(
+                duration=args.duration,
+                seed=args.seed,
+                workers=args.workers,
+                metrics_port=args.metrics_port,
+                live=args.live,
+            )
+        )
+    if args.command == "spec":
+        sys.stdout.write(render_spec(args.format))
+        return 0
     parser.print_help(sys.stderr)
     return 2
+
+
+# ---------------------------------------------------------------------------------------
+# envq spec
+# ---------------------------------------------------------------------------------------
+
+
+def _names(members: Iterable[Enum]) -> list[str]:
+    """Member names in declaration order."""
+    items = list(members)
+    if not items:
+        return []
+    declared = list(type(items[0]))
+    return [member.name for member in sorted(items, key=declared.index)]
+
+
+def spec_data() -> dict[str, Any]:
+    """The runtime tables as JSON-able data.
+
+    ``lifecycle``: one row per (queue state, call) in declaration order, with its
+    ``action``, ``target`` and ``error``, or ``illegal`` for a pair missing from the
+    table. ``outcomes``: one row per (kind, outcome) with ``action``, ``target`` and
+    the ``redirects`` the action may choose instead. ``decision_target``,
+    ``shelve_target`` and ``park_instead`` are those choices. The rows have the shape of
+    ``specs/lifecycle.json`` and ``specs/envelope.json``.
+    """
+    lifecycle: list[dict[str, Any]] = []
+    for state in m.QueueState:
+        for call in m.QueueCall:
+            entry: dict[str, Any] = {"state": state.name, "call": call.name}
+            row = m.LIFECYCLE.get((state, call))
+            if row is None:
+                entry["illegal"] = (state, call) in m.ILLEGAL_LIFECYCLE
+            else:
+                entry["action"] = row.action.name
+                entry["target"] = row.target.name if row.target is not None else None
+                entry["error"] = row.error.__name__ if row.error is not None else None
+            lifecycle.append(entry)
+    outcomes = [
+        {
+            "kind": kind.name,
+            "outcome": outcome.name,
+            "action": orow.action.name,
+            "target": orow.target.name,
+            "redirects": _names(orow.redirects),
+        }
+        for kind in m.Kind
+        for outcome in m.Outcome
+        if (orow := m.OUTCOMES.get((kind, outcome))) is not None
+    ]
+    return {
+        "lifecycle": lifecycle,
+        "outcomes": outcomes,
+        "decision_target": {d.name: t.name for d, t in m.DECISION_TARGET.items()},
+        "shelve_target": {c.name: t.name for c, t in m.SHELVE_TARGET.items()},
+        "park_instead": {s.name: t.name for s, t in m.PARK_INSTEAD.items()},
+    }
+
+
+_LIFE_HEAD: Final = ("state", "call", "action", "next state", "raises")
+_OUT_HEAD: Final = ("kind", "outcome", "action", "next state", "or, as the action chooses")
+
+
+def _life_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    if "action" not in row:
+        return (row["state"], row["call"], "(illegal)" if row["illegal"] else "(missing)", "", "")
+    target = row["target"] or "(unchanged)"
+    return (row["state"], row["call"], row["action"], target, row["error"] or "")
+
+
+def _out_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    return (
+        row["kind"],
+        row["outcome"],
+        row["action"],
+        row["target"],
+        ", ".join(row["redirects"]),
+    )
+
+
+def _choices(data: dict[str, Any]) -> list[tuple[str, str]]:
+    def pairs(mapping: dict[str, str]) -> str:
+        return ", ".join(f"{k} -> {v}" for k, v in mapping.items())
+
+    return [
+        ("on_failure decision", pairs(data["decision_target"])),
+        ("cancelled attempt, by", pairs(data["shelve_target"])),
+        ("put back while not RUNNING", pairs(data["park_instead"])),
+    ]
+
+
+def _text_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return [fmt(head), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    def fmt(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return [fmt(head), "|" + "|".join("---" for _ in head) + "|", *(fmt(r) for r in rows)]
+
+
+def render_spec(fmt: str = "text") -> str:
+    """``envq spec`` output in ``fmt`` (``text``, ``markdown`` or ``json``)."""
+    data = spec_data()
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    life = [_life_cells(r) for r in data["lifecycle"]]
+    outs = [_out_cells(r) for r in data["outcomes"]]
+    choices = _choices(data)
+    if fmt == "markdown":
+        lines = [
+            "# envq runtime tables",
+            "",
+            "Generated by `envq spec --format markdown` from `envq._machine`.",
+            "",
+            "## Lifecycle: queue state x call",
+            "",
+            *_md_table(_LIFE_HEAD, life),
+            "",
+            "## Outcomes: (kind, outcome) of an attempt",
+            "",
+            *_md_table(_OUT_HEAD, outs),
+            "",
+            "## Choices",
+            "",
+            *(f"- **{name}**: {value}" for name, value in choices),
+        ]
+    elif fmt == "text":
+        width = max(len(name) for name, _ in choices)
+        lines = [
+            "Lifecycle (envq._machine.LIFECYCLE): queue state x call -> action, next state",
+            "",
+            *_text_table(_LIFE_HEAD, life),
+            "",
+            "Outcomes (envq._machine.OUTCOMES): (kind, outcome) of an attempt -> action",
+            "",
+            *_text_table(_OUT_HEAD, outs),
+            "",
+            "Choices",
+            "",
+            *(f"{name.ljust(width)}  {value}" for name, value in choices),
+        ]
+    else:
+        raise ValueError(f"unknown spec format {fmt!r}; expected one of {SPEC_FORMATS}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -25,21 +25,35 @@ the driver's own actions are the lines marked ``*``. Content is deterministic fo
 seed; only timestamps (and the queue samples of the collector) vary with timing.
 Ctrl-C stops the queue (cancelling what is in flight), terminates it, prints the
 report and returns 130.
+
+When stdout is a terminal and ``rich`` is installed (or with ``live=True``), the
+narration scrolls inside a live view that also shows the envelopes by state, the
+outcomes and the throughput, refreshed a few times a second on the loop; the final stop,
+the terminate and the statistics are printed plainly below it. With
+``metrics_port`` the queue's Prometheus metrics (:func:`envq.prometheus_metrics`) are
+served on ``http://127.0.0.1:PORT/metrics`` while the demo runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import importlib.util
 import os
 import random
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
 import envq
 from envq import Envelope, EnvState, Event, Outcome, QueueState, StopMode, StopReport
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+    from rich.console import Console, RenderableType
+    from rich.live import Live
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -54,6 +68,11 @@ STALLED_RUN: Final = 3
 EXIT_INTERRUPTED: Final = 130
 #: Exit code when stdout's reader went away (128 + SIGPIPE), as shells report it.
 EXIT_BROKEN_PIPE: Final = 141
+#: Exit code when an option cannot be honoured (a missing extra, a port in use).
+EXIT_USAGE: Final = 2
+#: Refreshes of the live view per second, and how many narration lines it shows.
+LIVE_FPS: Final = 8
+LIVE_LINES: Final = 12
 
 _TRANSIENT: Final = (
     "SMTP 451 4.7.1 greylisted, try again later",
@@ -80,7 +99,8 @@ _DIGEST: Final = 10
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """The demo's knobs (the command line's ``--duration``, ``--seed``, ``--workers``)."""
+    """The demo's knobs (the command line's ``--duration``, ``--seed``, ``--workers``,
+    ``--metrics-port`` and ``--live``/``--plain``)."""
 
     #: Real seconds of workload, from start to the final stop.
     duration: float = 6.0
@@ -88,12 +108,19 @@ class DemoOptions:
     seed: int = 7
     #: The queue's worker count.
     workers: int = 4
+    #: Serve Prometheus metrics on 127.0.0.1:PORT while the demo runs (0: a free port).
+    metrics_port: int | None = None
+    #: The live view: True forces it, False forces plain text, None (the default) uses
+    #: it when the output is a terminal and rich is installed.
+    live: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.duration >= 1.0:
             raise ValueError(f"duration must be at least 1 second, got {self.duration!r}")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers!r}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be 0..65535, got {self.metrics_port!r}")
 
 
 class TransientError(Exception):
@@ -160,7 +187,13 @@ def _err(exc: BaseException | None) -> str:
 class Demo:
     """One run of the demo: the queue, the workload, the narrator and the driver."""
 
-    def __init__(self, options: DemoOptions, out: TextIO) -> None:
+    def __init__(
+        self,
+        options: DemoOptions,
+        out: TextIO,
+        registry: CollectorRegistry | None = None,
+        metrics_url: str = "",
+    ) -> None:
         self.options = options
         self.out = out
         d = options.duration
@@ -181,6 +214,9 @@ class Demo:
         #: The task running the demo, and whether stdout's reader has gone.
         self.main: asyncio.Task[int] | None = None
         self.gone = False
+        #: Where the metrics are served ("" when they are not).
+        self.metrics_url = metrics_url
+        self.metrics = envq.prometheus_metrics(self.q, registry) if registry is not None else None
 
     # ------------------------------------------------------------------------------
     # Output
@@ -219,6 +255,12 @@ class Demo:
     def plain(self, text: str = "") -> None:
         """Print a line as is."""
         self.emit(f"{text}\n")
+
+    def start_view(self) -> None:
+        """Called once the header is printed (the live view starts here)."""
+
+    def end_view(self) -> None:
+        """Called before the final stop or after Ctrl-C (the live view ends here)."""
 
     # ------------------------------------------------------------------------------
     # The workload
@@ -463,8 +505,11 @@ class Demo:
             f"emails retry with Retry(attempts={self.retry.attempts}, base={self.retry.base:g}"
             f", jitter=False); lines marked * are the driver's own calls"
         )
+        if self.metrics_url:
+            self.plain(f"metrics: {self.metrics_url}")
         self.plain()
         q.subscribe(self.on_event)
+        self.start_view()
         q.start()
 
         emails = self.emails()
@@ -535,6 +580,7 @@ class Demo:
 
         await self.sleep_until(o.duration)
         await self.settle_producer()
+        self.end_view()
         self.say("stop() (DRAIN): ready envelopes run first, waiting ones are parked")
         rep = await q.stop()
         self.report("final stop report", rep)
@@ -549,6 +595,7 @@ class Demo:
 
     async def interrupted(self) -> int:
         """Ctrl-C: stop (cancelling in-flight attempts), terminate, report; 130."""
+        self.end_view()
         self.plain()
         self.say("interrupted (Ctrl-C): stop(mode=StopMode.STOP, cancel=True), then terminate()")
         await self.settle_producer()
@@ -622,30 +669,219 @@ class Demo:
         return 0
 
 
-async def _run(options: DemoOptions, out: TextIO) -> tuple[int, bool]:
-    demo = Demo(options, out)
+class LiveDemo(Demo):
+    """The demo with a live terminal view (rich): the narration scrolls in a panel
+    under tables of the envelopes by state, the outcomes and the throughput.
+
+    The view is refreshed by a task on the demo's loop, so it reads the queue on the
+    loop's thread. When it ends (before the final stop, or on Ctrl-C) its last frame
+    stays on screen and the rest of the story is printed plainly below it.
+    """
+
+    def __init__(
+        self,
+        options: DemoOptions,
+        out: TextIO,
+        console: Console,
+        registry: CollectorRegistry | None = None,
+        metrics_url: str = "",
+    ) -> None:
+        super().__init__(options, out, registry, metrics_url)
+        self.console = console
+        self.live: Live | None = None
+        self.recent: collections.deque[str] = collections.deque(maxlen=LIVE_LINES)
+        #: Loop times at which attempts ended, for the attempts-per-second rate.
+        self.ended: collections.deque[float] = collections.deque()
+        self.attempts = 0
+        self.refresher: asyncio.Task[None] | None = None
+
+    def emit(self, text: str) -> None:
+        """Into the view's narration panel while it is shown, else as the plain demo."""
+        if self.live is None:
+            super().emit(text)
+        elif text:
+            self.recent.extend(text.rstrip("\n").split("\n"))
+
+    def on_event(self, ev: Event) -> None:
+        """Count ended attempts for the throughput, then narrate."""
+        if ev.from_state is EnvState.RUNNING:
+            self.attempts += 1
+            self.ended.append(ev.time)
+        super().on_event(ev)
+
+    def start_view(self) -> None:
+        """Start the live view and its refresher task."""
+        from rich.live import Live  # noqa: PLC0415 - rich is optional
+
+        self.live = Live(
+            self.render(),
+            console=self.console,
+            auto_refresh=False,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self.live.start(refresh=True)
+        self.refresher = asyncio.create_task(self.refresh())
+
+    def end_view(self) -> None:
+        """Stop refreshing; leave the last frame on screen."""
+        task = self.refresher
+        self.refresher = None
+        if task is not None:
+            task.cancel()
+        live = self.live
+        if live is None:
+            return
+        with contextlib.suppress(Exception):
+            live.update(self.render(), refresh=True)
+        self.live = None
+        live.stop()
+
+    async def refresh(self) -> None:
+        """Redraw the view :data:`LIVE_FPS` times a second."""
+        while self.live is not None:
+            self.live.update(self.render(), refresh=True)
+            await asyncio.sleep(1 / LIVE_FPS)
+
+    def rate(self) -> float:
+        """Attempts ended per second over the last two seconds."""
+        horizon = (self.loop.time() if self.loop is not None else 0.0) - 2.0
+        while self.ended and self.ended[0] < horizon:
+            self.ended.popleft()
+        return len(self.ended) / 2.0
+
+    def render(self) -> RenderableType:
+        """One frame of the view."""
+        from rich.console import Group  # noqa: PLC0415 - rich is optional
+        from rich.panel import Panel  # noqa: PLC0415
+        from rich.table import Table  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
+
+        stats = self.q.statistics()
+
+        def table(title: str, head: str) -> Table:
+            t = Table(
+                title=title, title_justify="left", box=None, pad_edge=False, show_header=False
+            )
+            t.add_column(head)
+            t.add_column("", justify="right")
+            return t
+
+        states = table("envelopes", "state")
+        for state in EnvState:
+            if state in stats.by_state:
+                count = stats.by_state[state]
+                states.add_row(state.name.lower(), Text(str(count), style="bold" if count else ""))
+        outcomes = table("outcomes", "outcome")
+        for outcome, count in stats.outcomes.items():
+            colour = {Outcome.OK: "green", Outcome.ERROR: "red", Outcome.TIMEOUT: "yellow"}
+            outcomes.add_row(outcome.value, Text(str(count), style=colour.get(outcome, "")))
+        flow = table("throughput", "")
+        flow.add_row("attempts/s", f"{self.rate():.1f}")
+        flow.add_row("attempts", str(self.attempts))
+        flow.add_row("in flight", f"{stats.in_flight} of {self.options.workers} workers")
+        flow.add_row("capacity", f"{stats.capacity_used} of {CAPACITY}")
+        flow.add_row("dedups", str(stats.dedups))
+        flow.add_row("rejections", str(sum(stats.rejections.values())))
+        flow.add_row("stuck threads", str(stats.stuck_threads))
+        grid = Table.grid(padding=(0, 4))
+        grid.add_row(states, outcomes, flow)
+        title = (
+            f"envq demo - queue {self.q.name!r} {stats.state.name} - "
+            f"{self.now():.1f}s of {self.options.duration:g}s"
+        )
+        lines = Text("\n".join(self.recent) or "...", no_wrap=True, overflow="ellipsis")
+        return Panel(
+            Group(grid, Text(""), Panel(lines, title="events", title_align="left")),
+            title=title,
+            title_align="left",
+        )
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+async def _run(
+    options: DemoOptions,
+    out: TextIO,
+    *,
+    console: Console | None = None,
+    registry: CollectorRegistry | None = None,
+    metrics_url: str = "",
+) -> tuple[int, bool]:
+    demo = (
+        Demo(options, out, registry, metrics_url)
+        if console is None
+        else LiveDemo(options, out, console, registry, metrics_url)
+    )
     task = demo.main = asyncio.current_task()
     try:
-        return await demo.scenario(), demo.gone
-    except asyncio.CancelledError:
-        # asyncio.run turns the first Ctrl-C into a cancel of this task; a closed
-        # stdout does the same (see Demo.emit).
-        if task is None or not task.cancelling():
-            raise
-        task.uncancel()
-        code = await demo.interrupted()
-        return (EXIT_BROKEN_PIPE if demo.gone else code), demo.gone
+        try:
+            return await demo.scenario(), demo.gone
+        except asyncio.CancelledError:
+            # asyncio.run turns the first Ctrl-C into a cancel of this task; a closed
+            # stdout does the same (see Demo.emit).
+            if task is None or not task.cancelling():
+                raise
+            task.uncancel()
+            code = await demo.interrupted()
+            return (EXIT_BROKEN_PIPE if demo.gone else code), demo.gone
+    finally:
+        demo.end_view()
+        if demo.metrics is not None:
+            demo.metrics.close()
+
+
+def _fail(message: str) -> int:
+    with contextlib.suppress(OSError):
+        sys.stderr.write(f"envq demo: {message}\n")
+    return EXIT_USAGE
 
 
 def run_demo(options: DemoOptions | None = None, out: TextIO | None = None) -> int:
     """Run the demo on a fresh event loop; return the process exit code.
 
-    0 on success, 1 if a check failed (printed as ``PROBLEM:``), 130 after Ctrl-C,
-    141 when the reader of the output went away (``envq demo | head``).
+    0 on success, 1 if a check failed (printed as ``PROBLEM:``), 2 if an option cannot
+    be honoured (``rich`` or ``prometheus_client`` missing, the metrics port taken),
+    130 after Ctrl-C, 141 when the reader of the output went away
+    (``envq demo | head``).
     """
+    options = options or DemoOptions()
     stream = sys.stdout if out is None else out
+    live = options.live
+    if live is None:
+        live = _isatty(stream) and _has("rich")
+    elif live and not _has("rich"):
+        return _fail("the live view needs rich: pip install rich (or use --plain)")
+    console: Console | None = None
+    if live:
+        from rich.console import Console  # noqa: PLC0415 - rich is optional
+
+        console = Console(file=stream, force_terminal=True if options.live else None)
+    server: envq.MetricsServer | None = None
+    registry: CollectorRegistry | None = None
+    if options.metrics_port is not None:
+        if not _has("prometheus_client"):
+            return _fail("--metrics-port needs prometheus_client: pip install 'envq[prometheus]'")
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415 - optional
+
+        registry = CollectorRegistry()
+        try:
+            server = envq.serve_metrics(options.metrics_port, registry=registry)
+        except OSError as exc:
+            return _fail(f"cannot serve metrics on 127.0.0.1:{options.metrics_port}: {exc}")
     try:
-        code, gone = asyncio.run(_run(options or DemoOptions(), stream))
+        code, gone = asyncio.run(
+            _run(
+                options,
+                stream,
+                console=console,
+                registry=registry,
+                metrics_url=server.url if server is not None else "",
+            )
+        )
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside the loop
         with contextlib.suppress(OSError):
             stream.write("interrupted\n")
@@ -653,9 +889,19 @@ def run_demo(options: DemoOptions | None = None, out: TextIO | None = None) -> i
         return EXIT_INTERRUPTED
     except asyncio.CancelledError:  # stdout went away while the demo was ending
         code, gone = EXIT_BROKEN_PIPE, True
+    finally:
+        if server is not None:
+            server.close()
     if gone and stream is sys.stdout:
         # Keep the interpreter's final flush of stdout from complaining about the pipe.
         with contextlib.suppress(OSError, ValueError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
     return code
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False

@@ -5,7 +5,21 @@ the request), ``forget(env)`` clears what was recorded for an envelope, ``retrie
 says how many failures are recorded. A queue uses one as a dispatch limit
 (``Queue(rate=...)``) and one to space failure retries (``Queue(limiter=...)``).
 
+The limiters and the client-go types they follow (``k8s.io/client-go/util/workqueue``,
+``default_rate_limiters.go``):
+
+- :class:`ExponentialBackoff` — ``ItemExponentialFailureRateLimiter``: ``min(cap, base·2^n)``
+  where ``n`` counts the envelope's earlier failures.
+- :class:`TokenBucket` — ``BucketRateLimiter`` over ``golang.org/x/time/rate``: the time
+  until a token is free.
+- :class:`MaxOf` — ``MaxOfRateLimiter``: the largest answer of several limiters.
+- :class:`FastSlow` — ``ItemFastSlowRateLimiter``: ``fast`` for the first
+  ``fast_attempts`` failures, then ``slow``.
+- :func:`default_limiter` — the older edition's default,
+  ``MaxOf(ExponentialBackoff(1, 30), TokenBucket(5, burst=10))``.
+
 All limiters read the running event loop's clock, so they follow virtual time in tests.
+They are not thread-safe: use one from one event loop.
 """
 
 from __future__ import annotations
@@ -16,7 +30,14 @@ import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ExponentialBackoff", "RateLimiter", "TokenBucket"]
+__all__ = [
+    "ExponentialBackoff",
+    "FastSlow",
+    "MaxOf",
+    "RateLimiter",
+    "TokenBucket",
+    "default_limiter",
+]
 
 
 @runtime_checkable
@@ -43,7 +64,7 @@ def _loop_clock() -> float:
         return time.monotonic()
 
 
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
+def _seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
     v = float(value)
@@ -55,34 +76,53 @@ def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
     return v
 
 
+def capped_exponential(base: float, exponent: int, cap: float) -> float:
+    """``min(cap, base · 2**exponent)`` without overflowing for large exponents."""
+    try:
+        raw = math.ldexp(base, exponent)
+    except OverflowError:
+        raw = math.inf
+    return min(cap, raw)
+
+
 class TokenBucket:
     """A token bucket: ``rate`` tokens per second, at most ``burst`` saved up.
 
     ``when()`` reserves a token and returns how long until it is available (0 when one
-    is in the bucket), like client-go's ``BucketRateLimiter`` over ``rate.Limiter``.
-    The bucket starts full.
+    is in the bucket), like client-go's ``BucketRateLimiter`` over
+    ``golang.org/x/time/rate``'s ``Reserve().Delay()``: the bucket starts full, refills
+    at ``rate`` per second up to ``burst``, and a reservation made while it is empty
+    borrows from the future (the next caller waits behind it). The bucket is shared by
+    every envelope: ``forget`` does nothing and ``retries`` is always 0.
+
+    :param rate: tokens per second (> 0).
+    :param burst: the bucket's size (an int ≥ 1).
+    :param clock: seconds on a monotonic clock; default: the running loop's clock.
     """
 
     def __init__(
         self, rate: float, burst: int = 1, *, clock: Callable[[], float] | None = None
     ) -> None:
-        self.rate = _positive("TokenBucket.rate", rate)
+        self.rate = _seconds("TokenBucket.rate", rate)
         if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
             raise ValueError(f"TokenBucket.burst must be an int >= 1, got {burst!r}")
         self.burst = burst
         self._clock = clock or _loop_clock
         self._tokens = float(burst)
         self._last: float | None = None
-        self._requests = 0
+
+    def __repr__(self) -> str:
+        return f"TokenBucket(rate={self.rate:g}, burst={self.burst})"
 
     def when(self, env: object = None) -> float:
         """Reserve one token; seconds until it may be used."""
         now = self._clock()
         if self._last is not None:
-            self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.rate)
+            # A clock that went backwards adds nothing (x/time/rate does the same).
+            elapsed = max(0.0, now - self._last)
+            self._tokens = min(float(self.burst), self._tokens + elapsed * self.rate)
         self._last = now
         self._tokens -= 1.0
-        self._requests += 1
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
 
     def forget(self, env: object = None) -> None:
@@ -94,21 +134,29 @@ class TokenBucket:
 
 
 class ExponentialBackoff:
-    """``base · 2^failures`` seconds per envelope, capped at ``cap`` (client-go's
-    ``ItemExponentialFailureRateLimiter``)."""
+    """Per-envelope exponential backoff (client-go's ``ItemExponentialFailureRateLimiter``).
+
+    The n-th call of ``when(env)`` since ``env`` was last forgotten returns
+    ``min(cap, base · 2^(n−1))``: ``base``, ``2·base``, ``4·base``, … up to ``cap``.
+    ``retries(env)`` is the number of failures recorded; ``forget(env)`` clears them.
+
+    :param base: the first delay, in seconds (> 0); client-go's default is 5 ms.
+    :param cap: the largest delay, in seconds (> 0); client-go's default is 1000 s.
+    """
 
     def __init__(self, base: float = 0.005, cap: float = 1000.0) -> None:
-        self.base = _positive("ExponentialBackoff.base", base)
-        self.cap = _positive("ExponentialBackoff.cap", cap)
+        self.base = _seconds("ExponentialBackoff.base", base)
+        self.cap = _seconds("ExponentialBackoff.cap", cap)
         self._failures: dict[object, int] = {}
+
+    def __repr__(self) -> str:
+        return f"ExponentialBackoff(base={self.base:g}, cap={self.cap:g})"
 
     def when(self, env: object) -> float:
         """Record a failure of ``env``; the delay before its retry."""
         exp = self._failures.get(env, 0)
         self._failures[env] = exp + 1
-        if exp > 1023:
-            return self.cap
-        return min(self.cap, self.base * 2.0**exp)
+        return capped_exponential(self.base, exp, self.cap)
 
     def forget(self, env: object) -> None:
         """Clear ``env``'s failures."""
@@ -117,3 +165,91 @@ class ExponentialBackoff:
     def retries(self, env: object) -> int:
         """Failures recorded for ``env`` since it was last forgotten."""
         return self._failures.get(env, 0)
+
+
+class FastSlow:
+    """Retry quickly a few times, then slowly (client-go's ``ItemFastSlowRateLimiter``).
+
+    The first ``fast_attempts`` calls of ``when(env)`` since ``env`` was last forgotten
+    return ``fast``; every later one returns ``slow``.
+
+    :param fast: the short delay, in seconds (≥ 0).
+    :param slow: the long delay, in seconds (≥ 0).
+    :param fast_attempts: how many failures get the short delay (an int ≥ 0).
+    """
+
+    def __init__(self, fast: float, slow: float, fast_attempts: int) -> None:
+        self.fast = _seconds("FastSlow.fast", fast, allow_zero=True)
+        self.slow = _seconds("FastSlow.slow", slow, allow_zero=True)
+        if (
+            isinstance(fast_attempts, bool)
+            or not isinstance(fast_attempts, int)
+            or fast_attempts < 0
+        ):
+            raise ValueError(f"FastSlow.fast_attempts must be an int >= 0, got {fast_attempts!r}")
+        self.fast_attempts = fast_attempts
+        self._failures: dict[object, int] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"FastSlow(fast={self.fast:g}, slow={self.slow:g}, fast_attempts={self.fast_attempts})"
+        )
+
+    def when(self, env: object) -> float:
+        """Record a failure of ``env``; ``fast`` while within ``fast_attempts``, else ``slow``."""
+        n = self._failures.get(env, 0) + 1
+        self._failures[env] = n
+        return self.fast if n <= self.fast_attempts else self.slow
+
+    def forget(self, env: object) -> None:
+        """Clear ``env``'s failures."""
+        self._failures.pop(env, None)
+
+    def retries(self, env: object) -> int:
+        """Failures recorded for ``env`` since it was last forgotten."""
+        return self._failures.get(env, 0)
+
+
+class MaxOf:
+    """The strictest of several limiters (client-go's ``MaxOfRateLimiter``).
+
+    ``when(env)`` asks *every* limiter (each records the request) and returns the
+    largest answer; ``forget(env)`` forgets ``env`` in all of them; ``retries(env)`` is
+    the largest of their counts.
+
+    :param limiters: one or more :class:`RateLimiter` objects.
+    """
+
+    def __init__(self, *limiters: RateLimiter) -> None:
+        if not limiters:
+            raise ValueError("MaxOf needs at least one limiter")
+        for lim in limiters:
+            if not isinstance(lim, RateLimiter):
+                raise ValueError(f"MaxOf: {lim!r} has no when/forget/retries")
+        self.limiters: tuple[RateLimiter, ...] = limiters
+
+    def __repr__(self) -> str:
+        return f"MaxOf({', '.join(map(repr, self.limiters))})"
+
+    def when(self, env: object) -> float:
+        """The longest wait any limiter asks for (every limiter records the request)."""
+        return max([lim.when(env) for lim in self.limiters])
+
+    def forget(self, env: object) -> None:
+        """Forget ``env`` in every limiter."""
+        for lim in self.limiters:
+            lim.forget(env)
+
+    def retries(self, env: object) -> int:
+        """The largest failure count any limiter holds for ``env``."""
+        return max(lim.retries(env) for lim in self.limiters)
+
+
+def default_limiter() -> MaxOf:
+    """The older edition's default failure limiter, as a fresh object:
+    ``MaxOf(ExponentialBackoff(1, 30), TokenBucket(5, burst=10))``.
+
+    Per envelope, retries wait 1, 2, 4, 8, 16, 30, 30, … seconds; across all
+    envelopes, at most 10 retries at once and 5 per second after that.
+    """
+    return MaxOf(ExponentialBackoff(1.0, 30.0), TokenBucket(5.0, burst=10))

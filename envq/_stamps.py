@@ -140,9 +140,7 @@ def logging_stamp(logger: logging.Logger | None = None, level: int = logging.INF
                     "envq_error": repr(error) if error is not None else None,
                 }
                 if error is None:
-                    log.log(
-                        level, "envelope %s ok in %.6f s", env.label(), took, extra=extra
-                    )
+                    log.log(level, "envelope %s ok in %.6f s", env.label(), took, extra=extra)
                 else:
                     log.log(
                         level,

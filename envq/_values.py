@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from envq._errors import BadEnvelope
+from envq._limits import capped_exponential
 from envq._machine import DecisionKind, EnvState, Outcome, QueueState, _Enum
 
 if TYPE_CHECKING:
@@ -136,9 +137,10 @@ class Retry:
         return self.attempts == -1 or attempt < self.attempts
 
     def delay(self, failures: int) -> float:
-        """Seconds to wait after the ``failures``-th failure (1-based)."""
-        exponent = min(failures - 1, 1024)
-        d = min(self.cap, self.base * 2.0**exponent)
+        """Seconds to wait after the ``failures``-th failure (1-based):
+        ``min(cap, base·2^(failures−1))``, or with ``jitter`` a uniform draw from
+        ``[d/2, d]``."""
+        d = capped_exponential(self.base, max(0, failures - 1), self.cap)
         if self.jitter:
             return self.rng.uniform(d / 2, d)
         return d

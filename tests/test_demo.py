@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from envq import _demo
 from envq.__main__ import main
 from envq._demo import Demo, DemoOptions, Mail, run_demo
 
@@ -194,3 +201,196 @@ def test_a_closed_stdout_ends_the_demo_early_with_141(lines: int) -> None:
     assert run_demo(DemoOptions(duration=10), out) == 141
     assert time.monotonic() - started < 5  # it did not run the remaining workload
     assert out.getvalue().count("\n") == lines
+
+
+# ------------------------------------------------------------------------------------
+# --metrics-port
+# ------------------------------------------------------------------------------------
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """``sample{labels}`` → value, from a real HTTP GET of the endpoint."""
+    assert url.startswith("http://127.0.0.1:")  # loopback only
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def test_metrics_port_serves_the_demo_queue() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envq", "demo", "--duration", "3", "--metrics-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    with proc:
+        assert proc.stdout is not None
+        head: list[str] = []
+        url = ""
+        for line in proc.stdout:
+            head.append(line)
+            if line.startswith("metrics: "):
+                url = line.split()[1]
+            if "send_wait admitted" in line:
+                break
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", url), head
+        samples = _scrape(url)
+        rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(head) + rest + err
+    assert samples['workqueue_adds_total{name="demo"}'] >= 8
+    assert samples['envq_capacity_limit{name="demo"}'] == 12
+    assert samples['envq_dedups_total{name="demo"}'] == 1
+    assert samples['envq_rejections_total{name="demo",reason="capacity"}'] == 1
+    assert samples['envq_queue_state{name="demo",state="running"}'] == 1
+    assert 'workqueue_work_duration_seconds_bucket{le="+Inf",name="demo"}' in samples
+    _check_story("".join(head) + rest)
+    with pytest.raises(urllib.error.URLError):  # the endpoint is gone with the demo
+        _scrape(url)
+
+
+def test_metrics_port_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert run_demo(DemoOptions(duration=1, metrics_port=port), io.StringIO()) == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "x"])
+def test_bad_metrics_port_exits_2(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--metrics-port", port])
+    assert info.value.code == 2
+    assert "--metrics-port" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------
+# The live view
+# ------------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_live_view_forced_into_a_stream() -> None:
+    out = io.StringIO()
+    assert run_demo(DemoOptions(duration=1, seed=5, live=True), out) == 0
+    text = out.getvalue()
+    assert "\x1b[" in text  # drawn for a terminal
+    plain = _ANSI.sub("", text)
+    assert "envq demo - queue 'demo'" in plain
+    for title in ("envelopes", "outcomes", "throughput", "events", "attempts/s"):
+        assert title in plain
+    # The narration scrolled inside the view; the end is printed plainly below it.
+    assert re.search(r"│ .*queue demo +INIT -> RUNNING", plain)
+    tail = plain[plain.rindex("╯") :]
+    assert "* stop() (DRAIN)" in tail
+    assert "== final statistics ==" in tail
+    assert re.search(r"accounted +13 admitted = ", tail)
+    assert tail.rstrip().endswith("demo finished: every envelope accounted for")
+
+
+def test_plain_flag_wins_over_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(out, "isatty", lambda: True)
+    assert main_with(["demo", "--duration", "1", "--plain"], out) == 0
+    assert "\x1b" not in out.getvalue()
+    _check_story(out.getvalue())
+
+
+def test_live_without_rich_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setattr(_demo, "_has", lambda module: module != "rich")
+    assert run_demo(DemoOptions(duration=1, live=True), io.StringIO()) == 2
+    assert "needs rich" in capsys.readouterr().err
+
+
+def main_with(argv: list[str], out: io.StringIO) -> int:
+    """``main(argv)`` with ``out`` as stdout."""
+    saved = sys.stdout
+    sys.stdout = out
+    try:
+        return main(argv)
+    finally:
+        sys.stdout = saved
+
+
+def _run_in_pty(argv: list[str], interrupt_after: str | None = None) -> tuple[int, str]:
+    """Run ``python -m envq ARGV`` with a pseudo-terminal as stdout; optionally send
+    SIGINT once ``interrupt_after`` has been drawn. Returns (exit code, output)."""
+    pty = pytest.importorskip("pty")
+    primary, secondary = pty.openpty()
+    child = (
+        "import runpy, signal, sys; "
+        "signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = {['envq', *argv]!r}; "
+        "runpy.run_module('envq', run_name='__main__')"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdout=secondary,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "100", "LINES": "40", "TERM": "xterm-256color"},
+    )
+    os.close(secondary)
+    chunks: list[bytes] = []
+    sent = False
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([primary], [], [], 0.1)
+            if ready:
+                try:
+                    data = os.read(primary, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            if interrupt_after and not sent:
+                seen = _ANSI.sub("", b"".join(chunks).decode(errors="replace"))
+                if interrupt_after in seen:
+                    proc.send_signal(signal.SIGINT)
+                    sent = True
+            if proc.poll() is not None and not ready:
+                break
+        code = proc.wait(timeout=30)
+    finally:
+        os.close(primary)
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+    assert "Traceback" not in err, err
+    return code, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_live_view_on_a_terminal() -> None:
+    code, out = _run_in_pty(["demo", "--duration", "1.5", "--seed", "2"])
+    assert code == 0, out
+    assert "\x1b[" in out
+    plain = _ANSI.sub("", out)
+    assert "throughput" in plain
+    assert "demo finished: every envelope accounted for" in plain
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_live_view_ctrl_c_prints_the_stop_report() -> None:
+    code, out = _run_in_pty(["demo", "--duration", "20"], interrupt_after="send_wait admitted")
+    plain = _ANSI.sub("", out)
+    assert code == 130, plain
+    tail = plain[plain.rindex("╯") :]
+    assert "* interrupted (Ctrl-C): stop(mode=StopMode.STOP, cancel=True)" in tail
+    assert "* stop report: complete=True" in tail
+    assert "demo interrupted: queue stopped and terminated cleanly" in tail

@@ -1,0 +1,721 @@
+"""The dowork-style task API (contract §8): :class:`Task` and :class:`TaskQueue`.
+
+A :class:`Task` is a function plus a retry policy, built fluently::
+
+    task = envq.Task(fetch).retries(5).max_timeout(600).within(10).after(report)
+
+A :class:`TaskQueue` runs tasks on an :class:`envq.Queue`: each task becomes one
+one-off :class:`envq.Envelope` whose ``retry`` is the task's policy, so scheduling,
+deadlines, backoff, rate limits, stop/park and events are the engine's own. The task
+queue adds what dowork users expect on top: a task ends exactly once, reports its end
+to ``after`` callbacks and to a :class:`concurrent.futures.Future`, refuses to run
+again once ended (:class:`envq.AlreadyComplete`), and a shut-down queue refuses new
+tasks (:class:`envq.QueueShuttingDown`).
+
+The thread-hosted variant for synchronous programs and the global ``submit`` /
+``enqueue`` / ``shutdown`` live in :mod:`envq._background`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import datetime as dt
+import functools
+import inspect
+import logging
+import math
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Generator
+from types import TracebackType
+from typing import Any, Final
+
+from envq._envelope import Envelope, is_async_callable
+from envq._errors import AlreadyComplete, BadEnvelope, EnvqError, QueueShuttingDown
+from envq._limits import RateLimiter
+from envq._machine import EnvState, QueueState
+from envq._queue import Queue
+from envq._values import Event, Retry, StopMode, default_rng
+
+__all__ = ["AfterCallback", "Task", "TaskFn", "TaskQueue"]
+
+log = logging.getLogger("envq")
+
+#: A task's work: called with no arguments; ``async def``, or plain (runs in the task
+#: queue's thread pool; if it returns an awaitable, that is awaited on the loop).
+TaskFn = Callable[[], Any]
+#: ``after(error)``: called once when the task ends, with ``None`` or the final error;
+#: ``async def`` or plain (runs in the thread pool).
+AfterCallback = Callable[[BaseException | None], Any]
+
+#: The task queue whose task (attempt or ``after`` callback) the current context runs,
+#: threads included: ``shutdown()`` from there would wait for itself.
+_INSIDE: contextvars.ContextVar[TaskQueue | None] = contextvars.ContextVar(
+    "envq_task_queue", default=None
+)
+
+#: ``max_timeout(0)`` / ``max_timeout(None)``: no cap (the largest finite float).
+_UNCAPPED: Final = sys.float_info.max
+_TERMINAL: Final = frozenset(
+    {EnvState.SUCCEEDED, EnvState.FAILED, EnvState.STOPPED, EnvState.RETURNED}
+)
+_BUSY: Final = frozenset({EnvState.READY, EnvState.RUNNING})
+
+
+def _seconds(what: str, value: object, *, allow_zero: bool = True) -> float:
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
+    v = float(value)
+    if math.isnan(v) or math.isinf(v) or v < 0 or (v == 0 and not allow_zero):
+        want = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{what} must be a finite {want} number of seconds, got {value!r}")
+    return v
+
+
+def _loop_wall(loop: asyncio.AbstractEventLoop, loop_time: float) -> dt.datetime:
+    """The wall-clock moment (aware, UTC) of ``loop_time`` on ``loop``'s clock."""
+    wall = getattr(loop, "wall_time", None)
+    now = wall() if callable(wall) else time.time()
+    return dt.datetime.fromtimestamp(now + (loop_time - loop.time()), tz=dt.UTC)
+
+
+class Task:
+    """One piece of work with a retry policy, dowork style (contract §8).
+
+    Build it fluently, then hand it to :func:`envq.enqueue`, :meth:`TaskQueue.enqueue`
+    or :meth:`envq.BackgroundQueue.enqueue`; a task's settings are fixed once it is
+    queued. A task runs until one attempt succeeds or its attempts are used up, and
+    ends exactly once.
+
+    :param fn: the work, called with no arguments: ``async def``, or plain (it then
+        runs in the task queue's thread pool; an awaitable it returns is awaited on
+        the loop, so ``Task(lambda: send(x))`` works for an ``async def send``).
+        Raise :class:`envq.DoNotRetry` to fail at once.
+    :param rng: the random generator for backoff jitter (default: envq's shared one).
+
+    Defaults, as dowork's: one attempt (no retries), backoff capped at 30 minutes,
+    jitter on, no per-attempt deadline. The backoff after the k-th failure is
+    ``min(max_timeout, base·2^(k−1))`` (``base`` 1 s, see :meth:`backoff`), drawn
+    uniformly from ``[d/2, d]`` unless :meth:`no_jitter`.
+    """
+
+    def __init__(self, fn: TaskFn, *, rng: random.Random | None = None) -> None:
+        if not callable(fn):
+            raise ValueError(f"Task: fn must be callable, got {fn!r}")
+        if rng is not None and not isinstance(rng, random.Random):
+            raise ValueError(f"Task: rng must be a random.Random, got {rng!r}")
+        self.fn: Final = fn
+        self.name: Final[str] = getattr(fn, "__qualname__", None) or repr(fn)
+        self._rng = rng or default_rng
+        self._attempts_max = 1
+        self._base = 1.0
+        self._cap = 1800.0
+        self._within = 0.0
+        self._not_before: dt.datetime | None = None
+        self._jitter = True
+        self._after: list[AfterCallback] = []
+        self._lock = threading.Lock()
+        self._owner: TaskQueue | None = None
+        self._frozen = False
+        self._attempts = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._value: tuple[int, Any] = (0, None)
+        self._env: Envelope | None = None
+        #: Resolved once the task has ended and its ``after`` callbacks have run: with
+        #: ``fn``'s return value, or with the final error as its exception.
+        self.future: Final[concurrent.futures.Future[Any]] = concurrent.futures.Future()
+
+    # ----------------------------------------------------------------------------------
+    # Builder
+    # ----------------------------------------------------------------------------------
+
+    def _check_mutable(self, what: str) -> None:
+        if self._frozen:
+            raise RuntimeError(f"task {self.name!r}: {what}() after it was queued")
+
+    def retries(self, n: int) -> Task:
+        """At most ``n`` attempts in all, the first included (dowork's ``Retries``);
+        ``-1`` = until it succeeds. The default is 1: no retry."""
+        self._check_mutable("retries")
+        if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
+            raise ValueError(f"Task.retries: n must be an int >= 1 or -1, got {n!r}")
+        self._attempts_max = n
+        return self
+
+    def max_timeout(self, seconds: float | dt.timedelta | None) -> Task:
+        """Cap the backoff between attempts (default 1800 s, dowork's 30 minutes);
+        ``0`` or ``None`` = no cap."""
+        self._check_mutable("max_timeout")
+        cap = 0.0 if seconds is None else _seconds("Task.max_timeout", seconds)
+        self._cap = cap if cap > 0 else _UNCAPPED
+        return self
+
+    def backoff(self, base: float | dt.timedelta) -> Task:
+        """The backoff after the first failure (default 1 s; it doubles after each
+        further failure). ``backoff(120)`` reproduces dowork's 2, 4, 8… minutes."""
+        self._check_mutable("backoff")
+        self._base = _seconds("Task.backoff", base)
+        return self
+
+    def within(self, seconds: float | dt.timedelta) -> Task:
+        """A deadline for each attempt; an attempt that overruns it fails with
+        ``TimeoutError`` (and may be retried). ``0`` = none (the default)."""
+        self._check_mutable("within")
+        self._within = _seconds("Task.within", seconds)
+        return self
+
+    def after(self, callback: AfterCallback) -> Task:
+        """Call ``callback(error)`` once when the task ends: ``error`` is ``None`` on
+        success, else the final error (:class:`envq.MaxRetriesExceeded` with the last
+        error as ``__cause__`` when the attempts ran out). Several callbacks run in the
+        order they were added; one that raises is logged."""
+        self._check_mutable("after")
+        if not callable(callback):
+            raise ValueError(f"Task.after: callback must be callable, got {callback!r}")
+        self._after.append(callback)
+        return self
+
+    def not_before(self, when: dt.datetime) -> Task:
+        """The earliest time of the first attempt (an aware datetime)."""
+        self._check_mutable("not_before")
+        if not isinstance(when, dt.datetime) or when.utcoffset() is None:
+            raise ValueError(f"Task.not_before: need an aware datetime, got {when!r}")
+        self._not_before = when
+        return self
+
+    def no_jitter(self) -> Task:
+        """Use the exact backoff delays, without randomness."""
+        self._check_mutable("no_jitter")
+        self._jitter = False
+        return self
+
+    # ----------------------------------------------------------------------------------
+    # State
+    # ----------------------------------------------------------------------------------
+
+    @property
+    def attempts(self) -> int:
+        """How many attempts have started."""
+        return self._attempts
+
+    @property
+    def done(self) -> bool:
+        """Whether the task has ended, successfully or not."""
+        return self._done
+
+    @property
+    def next_attempt(self) -> dt.datetime | None:
+        """When the next attempt is due (an aware datetime), or ``None`` when none is
+        scheduled: an attempt is running, the queue is stopped, or the task has ended.
+        Before the task is queued or while its queue has not started: its
+        ``not_before``."""
+        owner, env = self._owner, self._env
+        if owner is None or env is None:
+            return None if self._frozen else self._not_before
+        state = env._rec.state
+        loop = owner.queue._loop
+        if loop is None or state is EnvState.BUFFERED:
+            return self._not_before
+        if state is EnvState.DELAYED:
+            return _loop_wall(loop, env._rec.due)
+        if state is EnvState.READY:
+            return _loop_wall(loop, loop.time())
+        return None
+
+    @property
+    def result(self) -> BaseException | None:
+        """The final error, or ``None`` if the task succeeded (dowork's ``Result``).
+
+        :raises RuntimeError: the task has not ended yet.
+        """
+        if not self._done:
+            raise RuntimeError(f"task {self.name!r} has not ended yet")
+        return self._error
+
+    @property
+    def retry(self) -> Retry:
+        """The task's retry policy as an :class:`envq.Retry`."""
+        return Retry(
+            attempts=self._attempts_max,
+            base=self._base,
+            cap=self._cap,
+            jitter=self._jitter,
+            rng=self._rng,
+        )
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await task``: wait for it to end; its return value, or raise its error."""
+        return asyncio.wrap_future(self.future).__await__()
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "queued" if self._owner else "new"
+        return f"<envq.Task {self.name} {state} attempts={self._attempts}>"
+
+    # ----------------------------------------------------------------------------------
+    # Used by the task queues
+    # ----------------------------------------------------------------------------------
+
+    def _claim(self, owner: TaskQueue) -> bool:
+        """Reserve the task for ``owner``; False if it is already queued there.
+
+        :raises AlreadyComplete: the task has ended.
+        :raises BadEnvelope: the task is queued in another task queue.
+        """
+        with self._lock:
+            if self._done:
+                raise AlreadyComplete(f"task {self.name!r} has already ended")
+            if self._owner is owner:
+                return False
+            if self._owner is not None:
+                raise BadEnvelope(f"task {self.name!r} is already queued in {self._owner.name!r}")
+            self._owner = owner
+            self._frozen = True
+            return True
+
+    def _release(self) -> None:
+        with self._lock:
+            self._owner = None
+            self._env = None
+
+    def _envelope(self, queue: TaskQueue) -> Envelope:
+        if is_async_callable(self.fn):
+            fn = self.fn
+
+            async def invoke(env: Envelope) -> None:
+                n = self._begin()
+                token = _INSIDE.set(queue)
+                try:
+                    self._value = (n, await fn())
+                finally:
+                    _INSIDE.reset(token)
+
+        else:
+
+            async def invoke(env: Envelope) -> None:
+                n = self._begin()
+                token = _INSIDE.set(queue)
+                try:
+                    value = await queue._in_thread(self.fn)
+                    if inspect.isawaitable(value):
+                        value = await value
+                    self._value = (n, value)
+                finally:
+                    _INSIDE.reset(token)
+
+        env = self._env = Envelope(
+            invoke=invoke,
+            id=self.name,
+            deadline=self._within,
+            retry=self.retry,
+            not_before=self._not_before,
+        )
+        return env
+
+    def _begin(self) -> int:
+        with self._lock:
+            self._attempts += 1
+            return self._attempts
+
+    def _end(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._done = True
+            self._error = error
+            self._owner = None
+            self._env = None
+
+    def _outcome(self) -> tuple[BaseException | None, Any]:
+        n, value = self._value
+        return self._error, value if n == self._attempts else None
+
+
+class TaskQueue:
+    """A dowork-style task queue over an :class:`envq.Queue` (contract §8).
+
+    Use it from one event loop. ``start()`` (or ``run()``, ``dispatch()``, ``async
+    with``) starts it; from then on due tasks run on their own while the loop runs.
+
+    :param name: the underlying queue's name (``[a-zA-Z0-9:_]+``).
+    :param workers: how many tasks run at once.
+    :param capacity: most tasks queued at once; 0 = unlimited (``enqueue`` raises
+        :class:`envq.CapacityExceeded` beyond it).
+    :param rate: a dispatch limiter, e.g. ``envq.TokenBucket(rate=5, burst=10)``.
+    :param limiter: a failure-retry limiter, e.g. ``envq.default_limiter()``: every
+        retry waits at least what it says.
+    :param threads: size of the thread pool for plain functions and callbacks
+        (default ``min(32, workers + 4)``).
+    """
+
+    def __init__(
+        self,
+        name: str = "tasks",
+        *,
+        workers: int = 1,
+        capacity: int = 0,
+        rate: RateLimiter | None = None,
+        limiter: RateLimiter | None = None,
+        threads: int | None = None,
+    ) -> None:
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ValueError(f"TaskQueue {name!r}: threads must be an int > 0, got {threads!r}")
+        #: The engine the tasks run on (for ``statistics()``, ``subscribe()``…).
+        self.queue: Final = Queue(
+            name, workers=workers, capacity=capacity, rate=rate, limiter=limiter
+        )
+        self.name: Final = name
+        self._threads = threads or min(32, workers + 4)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._in_threads = 0
+        self._counter = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: dict[Envelope, Task] = {}
+        self._held: list[Envelope] = []
+        self._busy = 0
+        self._delayed: set[Envelope] = set()
+        self._finishing: set[asyncio.Task[None]] = set()
+        self._quiet_waiters: list[asyncio.Future[None]] = []
+        self._poked = False
+        self._running = False
+        self._closing: asyncio.Task[None] | None = None
+        self._closed = False
+        self._finished: asyncio.Future[None] | None = None
+        self.queue.subscribe(self._on_event)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "closing" if self._closing else "open"
+        return f"<envq.TaskQueue {self.name!r} {state} {len(self._tasks)} pending>"
+
+    @property
+    def pending(self) -> int:
+        """Tasks queued here that have not ended."""
+        return len(self._tasks)
+
+    @property
+    def shutting_down(self) -> bool:
+        """Whether ``shutdown()`` was called: new tasks are refused."""
+        return self._closing is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``shutdown()`` has finished."""
+        return self._closed
+
+    # ----------------------------------------------------------------------------------
+    # Public API
+    # ----------------------------------------------------------------------------------
+
+    def submit(self, fn: TaskFn) -> Task:
+        """Queue ``Task(fn)`` (one attempt, no retry) and return it."""
+        return self.enqueue(Task(fn))
+
+    def enqueue(self, task: Task) -> Task:
+        """Queue ``task`` and return it; a task already queued here is left as it is.
+
+        :raises QueueShuttingDown: after ``shutdown()``.
+        :raises AlreadyComplete: the task has already ended.
+        :raises BadEnvelope: not a task, or queued in another task queue.
+        :raises CapacityExceeded: the queue is full.
+        :raises RuntimeError: called from a thread other than the queue's loop's.
+        """
+        self._check_thread()
+        self._check_open()
+        if not isinstance(task, Task):
+            raise BadEnvelope(f"task queue {self.name!r}: not a Task: {task!r}")
+        if task._claim(self):
+            self._admit(task)
+        return task
+
+    def start(self) -> None:
+        """Start running tasks on the running event loop (a no-op when running).
+
+        :raises QueueShuttingDown: after ``shutdown()``.
+        :raises envq.QueueStopping: while a cancelled ``run()`` is still stopping.
+        """
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            raise RuntimeError(f"task queue {self.name!r} is bound to another event loop")
+        self._loop = loop
+        self.queue.start()
+        self._flush_held()
+
+    async def run(self) -> None:
+        """Run tasks until cancelled (or until ``shutdown()`` finishes).
+
+        When cancelled, in-flight attempts are cancelled and every task is held (its
+        remaining delay kept) until the queue is started again.
+
+        :raises RuntimeError: ``run()`` is already running.
+        """
+        if self._running:
+            raise RuntimeError(f"task queue {self.name!r} is already running run()")
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
+            return
+        if self.queue.state is QueueState.STOPPING:
+            await self.queue.wait_stopped()
+        self.start()
+        self._running = True
+        try:
+            await asyncio.shield(self._finished_future())
+        except asyncio.CancelledError:
+            if self._closing is None and self.queue.state is QueueState.RUNNING:
+                # Not waited for: whoever cancelled us may be tearing the loop down.
+                await self.queue.stop(mode=StopMode.STOP, cancel=True, wait=False)
+            raise
+        finally:
+            self._running = False
+
+    async def dispatch(self) -> bool:
+        """Run every task that is due now and wait for those attempts (and the
+        ``after`` callbacks of tasks that ended); return whether tasks remain.
+
+        Starts the queue if it is not running; it keeps running afterwards, so
+        tasks that become due later run on their own while the loop runs.
+        """
+        if self._closing is None:
+            if self.queue.state is QueueState.STOPPING:
+                await self.queue.wait_stopped()
+            if self.queue.state is not QueueState.RUNNING:
+                self.start()
+        await self._quiet()
+        return bool(self._tasks)
+
+    async def shutdown(self) -> None:
+        """Refuse new tasks (:class:`envq.QueueShuttingDown`), run every queued task
+        to its end (retries included) and wait for their ``after`` callbacks, then
+        stop the queue for good. Safe to call more than once.
+
+        :raises RuntimeError: from inside one of this queue's tasks.
+        """
+        if _INSIDE.get() is self:
+            raise RuntimeError(
+                f"task queue {self.name!r}: shutdown() from inside one of its own tasks "
+                "would wait for itself"
+            )
+        if self._closing is None:
+            _ = self._finished_future()
+            self._closing = asyncio.get_running_loop().create_task(
+                self._close(), name=f"envq:{self.name}:shutdown"
+            )
+        await asyncio.shield(self._closing)
+
+    async def __aenter__(self) -> TaskQueue:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    # ----------------------------------------------------------------------------------
+    # Internals
+    # ----------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closing is not None:
+            raise QueueShuttingDown(f"task queue {self.name!r} is shutting down")
+
+    def _check_thread(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if current is not loop:
+            raise RuntimeError(
+                f"task queue {self.name!r} belongs to another event loop's thread; "
+                "use envq.BackgroundQueue to queue tasks from other threads"
+            )
+
+    def _admit(self, task: Task) -> None:
+        """Send the claimed ``task``'s envelope (held while the queue is stopped)."""
+        env = task._envelope(self)
+        self._tasks[env] = task
+        try:
+            if self.queue.state in (QueueState.STOPPED, QueueState.STOPPING):
+                self._held.append(env)
+            else:
+                self.queue.send(env)
+        except BaseException:
+            del self._tasks[env]
+            task._release()
+            raise
+
+    def _admit_claimed(self, task: Task) -> None:
+        """On the loop: admit a task claimed in another thread; an error ends it."""
+        try:
+            self._admit(task)
+        except Exception as exc:
+            log.exception("task queue %r: could not queue task %r", self.name, task.name)
+            task._end(exc)
+            self._spawn_finish(task)
+
+    def _flush_held(self) -> None:
+        held, self._held = self._held, []
+        if held:
+            self.queue.send(*held)
+
+    def _finished_future(self) -> asyncio.Future[None]:
+        if self._finished is None:
+            self._finished = asyncio.get_running_loop().create_future()
+        return self._finished
+
+    async def _in_thread(self, fn: Callable[[], Any]) -> Any:
+        """Run a plain callable in the pool, with the caller's context."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._threads, thread_name_prefix=f"envq:{self.name}"
+            )
+        ctx = contextvars.copy_context()
+
+        def job() -> Any:
+            try:
+                return ctx.run(fn)
+            finally:
+                with self._counter:
+                    self._in_threads -= 1
+
+        with self._counter:
+            self._in_threads += 1
+        return await asyncio.get_running_loop().run_in_executor(self._pool, job)
+
+    def _on_event(self, event: Event) -> None:
+        env = event.envelope
+        if env is None:
+            return
+        task = self._tasks.get(env)
+        if task is None:
+            return
+        frm, to = event.from_state, event.to_state
+        if frm in _BUSY:
+            self._busy -= 1
+        if to in _BUSY:
+            self._busy += 1
+        if to is EnvState.DELAYED:
+            self._delayed.add(env)
+        else:
+            self._delayed.discard(env)
+        if to in _TERMINAL:
+            del self._tasks[env]
+            if to is EnvState.RETURNED:
+                task._release()
+            else:
+                error = None
+                if to is not EnvState.SUCCEEDED:
+                    error = event.cause or EnvqError(f"task {task.name!r} ended {to.name}")
+                task._end(error)
+                self._spawn_finish(task)
+        self._poke()
+
+    def _spawn_finish(self, task: Task) -> None:
+        loop = self.queue._loop_()
+        fin = loop.create_task(self._finish(task), name=f"envq:{self.name}:after")
+        self._finishing.add(fin)
+        fin.add_done_callback(self._finish_done)
+
+    def _finish_done(self, fin: asyncio.Task[None]) -> None:
+        self._finishing.discard(fin)
+        self._poke()
+
+    async def _finish(self, task: Task) -> None:
+        _INSIDE.set(self)  # this finisher's own context
+        error, value = task._outcome()
+        for callback in task._after:
+            try:
+                if is_async_callable(callback):
+                    await callback(error)
+                else:
+                    back = await self._in_thread(functools.partial(callback, error))
+                    if inspect.isawaitable(back):
+                        await back
+            except Exception:
+                log.exception("task %r: after callback %r failed", task.name, callback)
+        fut = task.future
+        if not fut.done():
+            if error is None:
+                fut.set_result(value)
+            else:
+                fut.set_exception(error)
+
+    def _poke(self) -> None:
+        if self._quiet_waiters and not self._poked:
+            self._poked = True
+            self.queue._loop_().call_soon(self._check_quiet)
+
+    def _is_quiet(self) -> bool:
+        """Nothing due now is left to run: no task READY or RUNNING, none DELAYED
+        whose time has come (its timer not run yet), no ``after`` callbacks pending."""
+        if self._busy or self._finishing:
+            return False
+        if self._delayed:
+            now = self.queue._loop_().time()
+            # Read outside the queue's own code: the record's ``due`` is the loop time
+            # a DELAYED envelope becomes ready.
+            return all(env._rec.due > now for env in self._delayed)
+        return True
+
+    def _check_quiet(self) -> None:
+        self._poked = False
+        if self._is_quiet():
+            waiters, self._quiet_waiters = self._quiet_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _quiet(self) -> None:
+        if self._is_quiet():
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._quiet_waiters.append(fut)
+        await fut
+
+    async def _close(self) -> None:
+        queue = self.queue
+        try:
+            if queue.state is QueueState.STOPPING:
+                await queue.wait_stopped()
+            if queue.state is QueueState.STOPPED:
+                queue.start()
+            self._flush_held()
+            await queue.run_until_empty()
+            for env in await queue.terminate():  # nothing, unless someone else stopped it
+                handed = self._tasks.pop(env, None)
+                if handed is not None:
+                    handed._release()
+            while self._finishing:
+                await asyncio.gather(*self._finishing)
+        finally:
+            self._shutdown_pool()
+            self._closed = True
+            finished = self._finished
+            if finished is not None and not finished.done():
+                finished.set_result(None)
+
+    def _shutdown_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        with self._counter:
+            stuck = self._in_threads
+        if stuck:
+            log.warning(
+                "task queue %r: %d task thread(s) still running; not waiting for them",
+                self.name,
+                stuck,
+            )
+        pool.shutdown(wait=not stuck, cancel_futures=True)
