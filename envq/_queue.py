@@ -277,7 +277,7 @@ class Queue:
         self._seq = 0
         self._jobs: set[_ThreadJob] = set()
         # Statistics.
-        self._terminal = dict.fromkeys(_machine.TERMINAL_STATES, 0)
+        self._terminal = {state: 0 for state in EnvState if state in _TERMINAL}
         self._outcomes = dict.fromkeys(Outcome, 0)
         self._dedups = 0
         self._rejections = dict.fromkeys(
@@ -490,7 +490,7 @@ class Queue:
 
     def statistics(self) -> Statistics:
         """A frozen snapshot of the queue's state and counters."""
-        by_state = dict.fromkeys(_machine.LIVE_STATES, 0)
+        by_state = {state: 0 for state in EnvState if state in _machine.LIVE_STATES}
         for rec in self._live.values():
             by_state[rec.state] += 1
         by_state.update(self._terminal)
