@@ -20,6 +20,7 @@ import concurrent.futures
 import concurrent.futures.thread  # imported before our exit hook is registered (see there)
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
@@ -135,15 +136,21 @@ class BackgroundQueue:
         """Refuse new tasks, wait until every queued task has ended (retries
         included), stop the loop and join the thread. Safe to call more than once.
 
+        From a coroutine, ``await envq.shutdown(queue)`` does the same without
+        blocking the caller's loop.
+
         :param timeout: seconds to wait at most; on expiry ``TimeoutError`` is raised
             and the shutdown carries on in the background.
         :raises RuntimeError: from the queue's own thread or one of its tasks.
         """
         self._check_outside()
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._begin_shutdown().result(timeout)
         thread = self._thread
         if thread is not None:
-            thread.join(timeout)
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                raise TimeoutError(f"task queue {self.name!r}: thread still running")
 
     def __enter__(self) -> BackgroundQueue:
         return self
@@ -181,17 +188,22 @@ class BackgroundQueue:
         return self._loop
 
     def _main(self) -> None:
+        error: BaseException | None = None
         try:
             with asyncio.Runner(loop_factory=self._loop_factory) as runner:
                 runner.run(self._serve())
         except BaseException as exc:
             log.exception("task queue %r: background loop failed", self.name)
-            self._done.set_exception(exc)
-        else:
-            self._done.set_result(None)
+            error = exc
         finally:
-            self._ready.set()
+            # Forgotten as the global queue before anyone sees it closed: the next
+            # submit() starts a fresh one.
             _forget_global(self)
+            self._ready.set()
+            if error is None:
+                self._done.set_result(None)
+            else:
+                self._done.set_exception(error)
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -213,8 +225,8 @@ class BackgroundQueue:
                 self._closing = True
                 if self._loop is None:
                     if self._thread is None and not self._done.done():
-                        self._done.set_result(None)
                         _forget_global(self)
+                        self._done.set_result(None)
                 else:
                     self._loop.call_soon_threadsafe(self._request_stop)
         return self._done
@@ -283,7 +295,7 @@ def _forget_global(queue: BackgroundQueue) -> None:
 def _global_background() -> BackgroundQueue:
     global _background  # noqa: PLW0603 - the lazily started global queue
     with _GLOBAL_LOCK:
-        if _background is None or _background.closed:
+        if _background is None:
             _background = BackgroundQueue(GLOBAL_NAME)
         return _background
 

@@ -41,6 +41,7 @@ PAGES = (
     "testing.md",
     "events.md",
     "observability.md",
+    "retries.md",
 )
 NO_RUN = "<!-- no-run -->"
 PYTEST = "<!-- pytest -->"
