@@ -57,12 +57,13 @@ from envq._limits import (
 from envq._machine import EnvState, Kind, Outcome, QueueState
 from envq._metrics import MetricsServer, PrometheusMetrics, prometheus_metrics, serve_metrics
 from envq._otel import otel_stamp
-from envq._queue import Queue
+from envq._queue import Queue, current_attempt
 from envq._stamps import logging_stamp
 from envq._tasks import AfterCallback, Task, TaskFn, TaskQueue
 from envq._values import (
     FIXED_DELAY,
     FIXED_RATE,
+    Attempt,
     Decision,
     Event,
     HookTimeout,
@@ -83,6 +84,7 @@ __all__ = [
     "FIXED_RATE",
     "AfterCallback",
     "AlreadyComplete",
+    "Attempt",
     "BackgroundQueue",
     "BadEnvelope",
     "BadIntervals",
@@ -125,6 +127,7 @@ __all__ = [
     "TaskQueue",
     "TokenBucket",
     "TypeBlacklisted",
+    "current_attempt",
     "default_limiter",
     "drop",
     "enqueue",

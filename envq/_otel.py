@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from envq._envelope import Envelope, Invoker, Stamp
 from envq._machine import Outcome
-from envq._stamps import FAILURES, AttemptCounter, attempt_outcome, queue_name_of
+from envq._stamps import FAILURES, attempt_number, attempt_outcome, queue_name_of
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -50,12 +50,11 @@ def otel_stamp(tracer: Tracer | None = None) -> Stamp:
     from envq import __version__  # noqa: PLC0415 - envq/__init__ imports this module
 
     tr = tracer if tracer is not None else trace.get_tracer("envq", __version__)
-    counter = AttemptCounter()
     ok = trace.Status(trace.StatusCode.OK)
 
     def stamp(next_: Invoker) -> Invoker:
         async def invoker(env: Envelope) -> None:
-            attempt = counter.next(env)
+            attempt = attempt_number(env)
             loop = asyncio.get_running_loop()
             with tr.start_as_current_span(
                 f"envq {env.type}" if env.type else "envq attempt",

@@ -62,6 +62,7 @@ from envq._machine import (
     QueueState,
 )
 from envq._values import (
+    Attempt,
     Decision,
     Event,
     HookTimeout,
@@ -72,7 +73,7 @@ from envq._values import (
     drop,
 )
 
-__all__ = ["Queue"]
+__all__ = ["Queue", "current_attempt"]
 
 log = logging.getLogger("envq")
 
@@ -118,10 +119,11 @@ DeadLetter = Callable[[Envelope, BaseException | None], object]
 
 
 class _Worker:
-    __slots__ = ("cancel_cause", "cancellable", "env", "epoch", "task")
+    __slots__ = ("cancel_cause", "cancellable", "deadline_at", "env", "epoch", "task")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
+        self.deadline_at: float | None = None
         self.env: Envelope | None = None
         self.cancellable = False
         self.cancel_cause: CancelCause | None = None
@@ -472,6 +474,22 @@ class Queue:
             self._empty_waiters.append(fut)
             await asyncio.shield(fut)
         return await self.stop()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the queue is bound to (by its first start), or None."""
+        return self._loop
+
+    def state_of(self, envelope: Envelope) -> EnvState | None:
+        """The state of ``envelope`` in this queue, or None when it is not live here."""
+        rec = self._live.get(envelope)
+        return rec.state if rec is not None else None
+
+    def due(self, envelope: Envelope) -> float | None:
+        """The loop time a DELAYED ``envelope`` of this queue becomes ready; None when
+        it is not DELAYED here."""
+        rec = self._live.get(envelope)
+        return rec.due if rec is not None and rec.state is _DELAYED else None
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every state change; returns an unsubscribe
@@ -1027,6 +1045,7 @@ class Queue:
                 w.env = None
                 w.cancellable = False
                 w.cancel_cause = None
+                w.deadline_at = None
             if self._run is not None:
                 self._check_drained()
 
@@ -1055,7 +1074,7 @@ class Queue:
     async def _attempt(self, w: _Worker, env: Envelope) -> tuple[Outcome, BaseException | None]:
         """``before → stamps → invoke → after`` under the deadline and hook budgets."""
         loop = self._loop_()
-        deadline_at = loop.time() + env.deadline if env.deadline else None
+        deadline_at = w.deadline_at = loop.time() + env.deadline if env.deadline else None
         budget = self.hook_timeout.budget(env.deadline)
         stopped: BaseException | None = None
         dl: asyncio.Timeout | None = None
@@ -1371,6 +1390,19 @@ class Queue:
                 listener(event)
             except Exception:
                 log.exception("queue %r: event listener %r failed", self.name, listener)
+
+
+def current_attempt() -> Attempt | None:
+    """The attempt the calling code runs in — from ``invoke``, a hook, a stamp, or a
+    task spawned by one of them — or None outside any attempt or once it has ended."""
+    env = _ATTEMPT.get()
+    owner: object = env._owner if env is not None else None
+    if env is None or not isinstance(owner, Queue):
+        return None
+    for w in owner._crew:
+        if w.env is env:
+            return Attempt(owner, env, env._rec.attempts, w.deadline_at)
+    return None
 
 
 def _release(futures: Iterable[asyncio.Future[None]]) -> None:

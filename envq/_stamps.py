@@ -10,30 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
-from typing import Any, Final
+from typing import Final
 
 from envq._envelope import Envelope, Invoker, Stamp
 from envq._errors import DoNotRetry, StopEnvelope, StopType
-from envq._machine import Outcome, QueueState
+from envq._machine import Outcome
+from envq._queue import current_attempt
 
-__all__ = ["AttemptCounter", "attempt_outcome", "logging_stamp", "queue_name_of"]
+__all__ = ["attempt_number", "attempt_outcome", "logging_stamp", "queue_name_of"]
 
 #: Outcomes a stamp reports as failures (the span status ERROR, a failed log record).
 FAILURES: Final = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.NO_RETRY})
 
 
 def queue_name_of(env: Envelope) -> str:
-    """The name of the queue ``env`` is live in, or ``""`` when it is in none."""
-    # The owner slot is set by the queue only (envq._envelope); reading it here keeps
-    # the stamps free of any hook into the queue.
-    owner: Any = env._owner
-    return owner.name if owner is not None else ""
+    """The name of the queue running ``env``'s current attempt, or ``""`` outside one."""
+    attempt = current_attempt()
+    return attempt.queue.name if attempt is not None and attempt.envelope is env else ""
 
 
-def _stopping(env: Envelope) -> bool:
-    owner: Any = env._owner
-    return owner is not None and owner.state is QueueState.STOPPING
+def attempt_number(env: Envelope) -> int:
+    """The queue's number for ``env``'s current attempt (1-based), or 0 outside one."""
+    attempt = current_attempt()
+    return attempt.number if attempt is not None and attempt.envelope is env else 0
 
 
 def attempt_outcome(
@@ -62,28 +61,16 @@ def attempt_outcome(
         task = asyncio.current_task()
         if task is None or not task.cancelling():
             return Outcome.ERROR
-        if env.deadline and now - started >= env.deadline:
+        # Cancelled from outside: by the envelope's deadline if it has expired, else
+        # by the queue (stop(cancel=True) / terminate()).
+        attempt = current_attempt()
+        deadline_at = attempt.deadline_at if attempt is not None else None
+        if deadline_at is None and env.deadline:
+            deadline_at = started + env.deadline
+        if deadline_at is not None and now >= deadline_at:
             return Outcome.TIMEOUT
-        if _stopping(env):
-            return Outcome.CANCELLED
-        return Outcome.TIMEOUT if env.deadline else Outcome.CANCELLED
+        return Outcome.CANCELLED
     return Outcome.ERROR
-
-
-class AttemptCounter:
-    """Counts the attempts one stamp has run, per envelope (weakly keyed, so it never
-    keeps an envelope alive)."""
-
-    __slots__ = ("_counts",)
-
-    def __init__(self) -> None:
-        self._counts: weakref.WeakKeyDictionary[Envelope, int] = weakref.WeakKeyDictionary()
-
-    def next(self, env: Envelope) -> int:
-        """Count one more attempt of ``env``; return its number (1 for the first)."""
-        n = self._counts.get(env, 0) + 1
-        self._counts[env] = n
-        return n
 
 
 def logging_stamp(logger: logging.Logger | None = None, level: int = logging.INFO) -> Stamp:
@@ -98,7 +85,7 @@ def logging_stamp(logger: logging.Logger | None = None, level: int = logging.INF
     ``envq_queue``            name of the queue running the attempt (``""`` if none)
     ``envq_type``             the envelope's ``type``
     ``envq_id``               the envelope's ``id``
-    ``envq_attempt``          how many times this stamp has run this envelope (1, 2, …)
+    ``envq_attempt``          the queue's number for this attempt (1, 2, …)
     ``envq_outcome``          the attempt's outcome, an :class:`envq.Outcome` value
                               (``"ok"``, ``"error"``, ``"timeout"``, …; see
                               :func:`attempt_outcome` for how it is told from inside)
@@ -110,11 +97,9 @@ def logging_stamp(logger: logging.Logger | None = None, level: int = logging.INF
     logging. When the level is disabled the stamp only counts the attempt.
     """
     log = logger or logging.getLogger("envq.stamp")
-    counter = AttemptCounter()
 
     def stamp(next_: Invoker) -> Invoker:
         async def invoker(env: Envelope) -> None:
-            attempt = counter.next(env)
             if not log.isEnabledFor(level):
                 await next_(env)
                 return
@@ -134,7 +119,7 @@ def logging_stamp(logger: logging.Logger | None = None, level: int = logging.INF
                     "envq_queue": queue_name_of(env),
                     "envq_type": env.type,
                     "envq_id": env.id,
-                    "envq_attempt": attempt,
+                    "envq_attempt": attempt_number(env),
                     "envq_outcome": outcome.value,
                     "envq_duration": took,
                     "envq_error": repr(error) if error is not None else None,

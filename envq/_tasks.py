@@ -219,12 +219,14 @@ class Task:
         owner, env = self._owner, self._env
         if owner is None or env is None:
             return None if self._frozen else self._not_before
-        state = env._rec.state
-        loop = owner.queue._loop
+        queue = owner.queue
+        state = queue.state_of(env)
+        loop = queue.loop
         if loop is None or state is EnvState.BUFFERED:
             return self._not_before
-        if state is EnvState.DELAYED:
-            return _loop_wall(loop, env._rec.due)
+        due = queue.due(env)
+        if due is not None:
+            return _loop_wall(loop, due)
         if state is EnvState.READY:
             return _loop_wall(loop, loop.time())
         return None
@@ -623,7 +625,7 @@ class TaskQueue:
         self._poke()
 
     def _spawn_finish(self, task: Task) -> None:
-        loop = self.queue._loop_()
+        loop = self._queue_loop()
         fin = loop.create_task(self._finish(task), name=f"envq:{self.name}:after")
         self._finishing.add(fin)
         fin.add_done_callback(self._finish_done)
@@ -652,10 +654,16 @@ class TaskQueue:
             else:
                 fut.set_exception(error)
 
+    def _queue_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self.queue.loop
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        return loop
+
     def _poke(self) -> None:
         if self._quiet_waiters and not self._poked:
             self._poked = True
-            self.queue._loop_().call_soon(self._check_quiet)
+            self._queue_loop().call_soon(self._check_quiet)
 
     def _is_quiet(self) -> bool:
         """Nothing due now is left to run: no task READY or RUNNING, none DELAYED
@@ -663,10 +671,9 @@ class TaskQueue:
         if self._busy or self._finishing:
             return False
         if self._delayed:
-            now = self.queue._loop_().time()
-            # Read outside the queue's own code: the record's ``due`` is the loop time
-            # a DELAYED envelope becomes ready.
-            return all(env._rec.due > now for env in self._delayed)
+            now = self._queue_loop().time()
+            dues = (self.queue.due(env) for env in self._delayed)
+            return all(due is None or due > now for due in dues)
         return True
 
     def _check_quiet(self) -> None:

@@ -15,10 +15,12 @@ from envq._machine import DecisionKind, EnvState, Outcome, QueueState, _Enum
 
 if TYPE_CHECKING:
     from envq._envelope import Envelope
+    from envq._queue import Queue
 
 __all__ = [
     "FIXED_DELAY",
     "FIXED_RATE",
+    "Attempt",
     "Decision",
     "Event",
     "HookTimeout",
@@ -194,6 +196,19 @@ class Event:
     outcome: Outcome | None = None
     #: The error behind the change, if any (the attempt's error, ``MaxRetriesExceeded``…).
     cause: BaseException | None = None
+
+
+@attrs.frozen
+class Attempt:
+    """The attempt in progress, as :func:`envq.current_attempt` sees it."""
+
+    #: The queue running it.
+    queue: Queue
+    envelope: Envelope
+    #: 1-based number of this attempt in the envelope's current stay in the queue.
+    number: int
+    #: Loop time the envelope's deadline expires; None without a deadline.
+    deadline_at: float | None
 
 
 @attrs.frozen

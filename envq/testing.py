@@ -161,7 +161,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self,
         *,
         wall_start: float | None = None,
-        thread_grace: float = 0.5,
+        thread_grace: float = 2.0,
         idle_timeout: float = 30.0,
     ) -> None:
         selector = _VirtualSelector(selectors.DefaultSelector())
@@ -202,7 +202,7 @@ def run(
     coro: Coroutine[Any, Any, T],
     *,
     wall_start: float | None = None,
-    thread_grace: float = 0.5,
+    thread_grace: float = 2.0,
     idle_timeout: float = 30.0,
 ) -> T:
     """Run ``coro`` to completion on a fresh :class:`VirtualTimeLoop`, then close it."""
