@@ -325,7 +325,9 @@ class Queue:
         Checks, in order: queue state, validation, type blacklist, dedup, capacity.
         An envelope already live in this queue is skipped (deduplicated).
 
-        :raises QueueStopping, QueueNotRunning, QueueTerminated: wrong state.
+        :raises QueueStopping: the queue is STOPPING.
+        :raises QueueNotRunning: the queue is STOPPED.
+        :raises QueueTerminated: the queue is TERMINATED.
         :raises BadEnvelope: not an envelope, or live in another queue.
         :raises TypeBlacklisted: its ``type`` was blacklisted by a ``StopType``.
         :raises CapacityExceeded: the batch does not fit, or producers are waiting in
@@ -344,10 +346,11 @@ class Queue:
     ) -> None:
         """Like :meth:`send`, but wait for room (first come, first served).
 
-        :raises CapacityExceeded: on ``timeout``, or at once for a batch larger than
-            the capacity.
         Raises what ``send()`` would raise if the queue changes state while waiting
         (INIT → RUNNING keeps waiting).
+
+        :raises CapacityExceeded: on ``timeout``, or at once for a batch larger than
+            the capacity.
         """
         batch = tuple(envelopes)
         if not self._waiters and self._admit(batch, waiting=True):
