@@ -1,0 +1,798 @@
+"""Writing the results: ``benchmarks.md`` (tables, targets, machine) and
+``benchmarks.png`` (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks._core import INTERVAL, WORKERS, Case, Config, median, paired
+from benchmarks.memory import MemRow
+
+#: Targets from the issue.
+TARGET_RATIO = 0.6  # plain envq one-off throughput >= 0.6 x the floor
+STRETCH_RATIO = 0.7
+TARGET_SEND_US = 1.0  # send(env), one at a time
+TARGET_BYTES = 300.0  # the queue's own memory per queued (READY) envelope
+TARGET_P99 = 1.1  # periodic aligned p99 lateness <= 1.1 x raw call_at
+TARGET_CPU = 1.5  # periodic aligned CPU <= 1.5 x raw call_at
+TARGET_FLAT = 0.15  # throughput within +-15 % from the smallest to the largest size
+
+
+@dataclass
+class Results:
+    cfg: Config
+    cases: dict[str, Case]
+    memory: list[MemRow] = field(default_factory=list)
+    memory_lines: list[tuple[str, float]] = field(default_factory=list)
+    profiles: list[str] = field(default_factory=list)
+    started: str = ""
+    machine: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    load_start: str = ""
+    load_end: str = ""
+    wall: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def get(self, key: str) -> Case | None:
+        case = self.cases.get(key)
+        return case if case is not None and case.ran else None
+
+
+def save(res: Results, path: Path) -> None:
+    """The raw results as JSON (``--json``), to re-render later with ``--render``."""
+    data = {
+        "cfg": asdict(res.cfg),
+        "cases": [
+            {
+                "section": c.section,
+                "key": c.key,
+                "label": c.label,
+                "note": c.note,
+                "reps": c.reps,
+                "metrics": c.metrics,
+                "wall": c.wall,
+                "skipped": c.skipped,
+                "error": c.error,
+            }
+            for c in res.cases.values()
+        ],
+        "memory": [asdict(m) for m in res.memory],
+        "memory_lines": res.memory_lines,
+        **{
+            k: getattr(res, k)
+            for k in ("profiles", "started", "machine", "versions", "load_start", "load_end")
+        },
+        "wall": res.wall,
+        "notes": res.notes,
+    }
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def load(path: Path) -> Results:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    cfg = data.pop("cfg")
+    cfg["sizes"] = tuple(cfg["sizes"])
+    cases: dict[str, Case] = {}
+    for c in data.pop("cases"):
+        case = Case(c["section"], c["key"], c["label"], dict, note=c["note"])
+        case.reps, case.metrics, case.wall = c["reps"], c["metrics"], c["wall"]
+        case.skipped, case.error = c["skipped"], c["error"]
+        cases[case.key] = case
+    memory = [MemRow(**m) for m in data.pop("memory")]
+    lines = [(str(w), float(b)) for w, b in data.pop("memory_lines")]
+    return Results(cfg=Config(**cfg), cases=cases, memory=memory, memory_lines=lines, **data)
+
+
+# --------------------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------------------
+
+
+def _fmt(v: float, spec: str) -> str:
+    return "–" if math.isnan(v) else format(v, spec)
+
+
+def _med_rng(xs: Sequence[float], spec: str) -> tuple[str, str]:
+    if not xs:
+        return "–", ""
+    if len(xs) == 1:
+        return _fmt(xs[0], spec), "(1 rep)"
+    return _fmt(median(xs), spec), f"{_fmt(min(xs), spec)}–{_fmt(max(xs), spec)}"
+
+
+def _cell(xs: Sequence[float], spec: str) -> str:
+    med, rng = _med_rng(xs, spec)
+    return med if not rng else f"{med} <sub>{rng}</sub>"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> list[str]:
+    if not align:
+        align = "l" + "r" * (len(head) - 1)
+        if head[-1] in ("note", "detail"):
+            align = align[:-1] + "l"
+    marks = {"l": "---", "r": "---:", "c": ":---:"}
+    out = ["| " + " | ".join(head) + " |", "| " + " | ".join(marks[a] for a in align) + " |"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**PASS**" if ok else "**MISS**")
+
+
+def _absent(case: Case | None, key: str, res: Results) -> str:
+    raw = res.cases.get(key)
+    if raw is None:
+        return "not run (peer not installed)"
+    if raw.error:
+        return f"failed: {raw.error}"
+    return raw.skipped or "not run"
+
+
+# --------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    measured: str
+    ok: bool | None
+    detail: str = ""
+
+
+def targets(res: Results) -> list[Target]:
+    out: list[Target] = []
+    floor, plain = res.get("floor"), res.get("envq")
+    if floor and plain:
+        r = median(paired(floor, plain, "seconds"))
+        stretch = "stretch 0.7× met" if r >= STRETCH_RATIO else "stretch 0.7× missed"
+        out.append(
+            Target(
+                f"one-off throughput ≥ {TARGET_RATIO}× floor",
+                f"{r:.2f}× floor",
+                r >= TARGET_RATIO,
+                stretch,
+            )
+        )
+    else:
+        out.append(Target(f"one-off throughput ≥ {TARGET_RATIO}× floor", "–", None))
+
+    sends = [(n, res.get(f"sc_send_{n}")) for n in res.cfg.sizes]
+    meds = [(n, median(c.values("us"))) for n, c in sends if c is not None]
+    if meds:
+        worst_n, worst = max(meds, key=lambda t: t[1])
+        out.append(
+            Target(
+                f"send ≤ {TARGET_SEND_US:g} µs per envelope",
+                f"{worst:.3f} µs (worst size, N={worst_n:,})",
+                worst <= TARGET_SEND_US,
+                ", ".join(f"{n:,}: {v:.3f}" for n, v in meds),
+            )
+        )
+    ready = next((m for m in res.memory if m.key == "envq_ready"), None)
+    if ready is not None:
+        out.append(
+            Target(
+                f"≤ {TARGET_BYTES:.0f} B per queued envelope",
+                f"{ready.held:.0f} B",
+                ready.held <= TARGET_BYTES,
+                f"queue's own memory, READY; the envelope itself is {ready.item:.0f} B",
+            )
+        )
+    raw, env = res.get("raw_aligned"), res.get("envq_aligned")
+    if raw and env:
+        r99 = median(paired(env, raw, "p99"))
+        rcpu = median(paired(env, raw, "cpu"))
+        out.append(
+            Target(
+                f"periodic aligned p99 lateness ≤ {TARGET_P99}× raw call_at",
+                f"{r99:.2f}× raw",
+                r99 <= TARGET_P99,
+                f"{median(env.values('p99')):.1f} ms vs {median(raw.values('p99')):.1f} ms",
+            )
+        )
+        out.append(
+            Target(
+                f"periodic aligned CPU ≤ {TARGET_CPU}× raw call_at",
+                f"{rcpu:.2f}× raw",
+                rcpu <= TARGET_CPU,
+                f"{median(env.values('cpu')):.3f} vs {median(raw.values('cpu')):.3f} CPU s/s",
+            )
+        )
+    rates = [(n, res.get(f"sc_envq_{n}")) for n in res.cfg.sizes]
+    ran = [(n, median(c.values("rate"))) for n, c in rates if c is not None]
+    if len(ran) >= 2:
+        ref = ran[0][1]
+        devs = [(n, r / ref - 1) for n, r in ran]
+        worst_dev = max(abs(d) for _, d in devs)
+        missing = [n for n, c in rates if c is None]
+        detail = ", ".join(f"{n:,}: {d:+.0%}" for n, d in devs)
+        if missing:
+            detail += "; not measured: " + ", ".join(f"{n:,}" for n in missing)
+        out.append(
+            Target(
+                f"throughput within ±{TARGET_FLAT:.0%} from {ran[0][0]:,} to "
+                f"{res.cfg.sizes[-1]:,} queued",
+                f"worst {worst_dev:+.0%} vs N={ran[0][0]:,}",
+                worst_dev <= TARGET_FLAT and not missing,
+                detail,
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------
+
+
+def markdown(res: Results, png_name: str | None) -> str:
+    cfg = res.cfg
+    v = res.versions
+    lines = [
+        "# envq benchmarks",
+        "",
+        f"Generated by `python -m benchmarks{'' if cfg.mode == 'full' else ' --' + cfg.mode}` "
+        f"on {res.started}: mode **{cfg.mode}**, {cfg.reps} repetitions of every case, "
+        f"interleaved; total wall time {res.wall / 60:.1f} min. Every number is the "
+        "**median** over the repetitions with the min–max range in small print; ratios "
+        "are paired per repetition (a case against the baseline of the same repetition) "
+        "and then summarised. The method is described at the end and in "
+        "`benchmarks/README.md`.",
+        "",
+        f"- **Machine:** {res.machine}",
+        f"- **Software:** Python {v.get('python', '?')}; envq {v.get('envq', '?')}; "
+        f"aiojobs {v.get('aiojobs', '?')}; APScheduler {v.get('APScheduler', '?')}; "
+        f"uvloop {v.get('uvloop', '?')}; matplotlib {v.get('matplotlib', '?')}",
+        f"- **Load average** (1/5/15 min): {res.load_start} at start, {res.load_end} at end. "
+        "On a shared machine other work skews absolute numbers; the paired ratios and the "
+        "min–max ranges show how much.",
+        "",
+    ]
+    if png_name:
+        lines += [f"![envq benchmarks]({png_name})", ""]
+    lines += ["## Targets", ""]
+    rows = [[t.name, t.measured, _verdict(t.ok), t.detail] for t in targets(res)]
+    lines += _table(["target", "measured (median)", "verdict", "detail"], rows, "lrcl")
+    lines += [""]
+    lines += _oneoff(res) + _latency(res) + _periodic(res) + _memory(res)
+    lines += _scaling(res) + _uvloop(res) + _profiles(res) + _method(res)
+    if res.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in res.notes] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _case_rows(
+    res: Results, keys: Sequence[str], cols: Sequence[Callable[[Case], str]]
+) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for key in keys:
+        raw = res.cases.get(key)
+        if raw is None:
+            continue
+        case = res.get(key)
+        if case is None:
+            rows.append([raw.label] + ["–"] * (len(cols) - 1) + [_absent(None, key, res)])
+            continue
+        note = case.note + (f"; {case.skipped}" if case.skipped else "")
+        rows.append([case.label] + [col(case) for col in cols[:-1]] + [note])
+    return rows
+
+
+def _oneoff(res: Results) -> list[str]:
+    cfg = res.cfg
+    floor = res.get("floor")
+    keys = [
+        "floor",
+        "envq",
+        "envq1",
+        "envq_deadline",
+        "envq_hooks",
+        "aiojobs",
+        "apscheduler",
+        "taskgroup",
+        "threads",
+    ]
+
+    def ratio(c: Case) -> str:
+        return _cell(paired(floor, c, "seconds"), ".2f") if floor else "–"
+
+    def per_item(c: Case) -> str:
+        return _fmt(median([1e6 / r for r in c.values("rate")]), ".2f")
+
+    rows = _case_rows(
+        res, keys, [lambda c: _cell(c.values("rate"), ",.0f"), per_item, ratio, lambda c: ""]
+    )
+    out = [
+        "## 1. One-off throughput",
+        "",
+        f"N = {cfg.n:,} one-off no-op work items (`async def noop(env): pass`), at most "
+        f"{WORKERS} at a time; timed from the first submission until the last item has "
+        "run. envq: `q.start(); q.send(...); await q.stop()` (DRAIN). Higher is better.",
+        "",
+    ]
+    out += _table(["case", "items/s", "µs/item", "× floor", "note"], rows)
+    return [*out, ""]
+
+
+def _latency(res: Results) -> list[str]:
+    keys = ["lat_floor", "lat_envq", "lat_aiojobs", "lat_task"]
+    floor = res.get("lat_floor")
+
+    def vs(c: Case) -> str:
+        return _cell(paired(c, floor, "p50"), ".2f") if floor else "–"
+
+    rows = _case_rows(
+        res,
+        keys,
+        [
+            lambda c: _cell(c.values("p50"), ".1f"),
+            lambda c: _cell(c.values("p99"), ".1f"),
+            vs,
+            lambda c: "",
+        ],
+    )
+    return [
+        "## 2. Idle latency: send → start of the work",
+        "",
+        f"{res.cfg.latency_samples:,} items per repetition, one at a time into an idle system "
+        f"({WORKERS} workers parked); `perf_counter()` before the submit and as the work's "
+        "first statement. Lower is better.",
+        "",
+        *_table(["case", "p50 µs", "p99 µs", "p50 × floor", "note"], rows),
+        "",
+    ]
+
+
+def _periodic(res: Results) -> list[str]:
+    cfg = res.cfg
+    keys = [
+        "raw_aligned",
+        "envq_aligned",
+        "aps_aligned",
+        "envq_delay_aligned",
+        "raw_staggered",
+        "envq_staggered",
+        "aps_staggered",
+    ]
+
+    def vs(metric: str) -> Callable[[Case], str]:
+        def f(c: Case) -> str:
+            base = res.get("raw_aligned" if "aligned" in c.key else "raw_staggered")
+            return _cell(paired(c, base, metric), ".2f") if base else "–"
+
+        return f
+
+    def runs(c: Case) -> str:
+        r = median(c.values("runs"))
+        missed = max(c.values("missed"), default=0.0)
+        late = sum(c.values("late_setup"))
+        s = f"{r:,.0f}"
+        if missed > 0:
+            s += f"; up to {missed:,.0f} missed in a rep"
+        if late:
+            s += f"; set-up overran the lead {late:.0f}×"
+        if max(c.values("max"), default=0.0) > 0.9e3 * INTERVAL:
+            s += "; lateness near 1 interval (read modulo the interval: may be more)"
+        return s
+
+    rows = _case_rows(
+        res,
+        keys,
+        [
+            lambda c: _cell(c.values("p50"), ".2f"),
+            lambda c: _cell(c.values("p99"), ".2f"),
+            lambda c: _cell(c.values("max"), ".1f"),
+            lambda c: _cell(c.values("cpu"), ".3f"),
+            vs("p99"),
+            vs("cpu"),
+            runs,
+            lambda c: "",
+        ],
+    )
+    return [
+        "## 3. Periodic precision",
+        "",
+        f"{cfg.periodic:,} periodic items at a {1.0:g} s interval, observed for "
+        f"{cfg.window:g} s: *aligned* (all due at the same instant) or *staggered* (spread "
+        "evenly over the second). Lateness = actual start − scheduled slot on the item's "
+        "grid, in ms; CPU = process CPU seconds per wall second over the window. Ratios "
+        "are against raw `loop.call_at` with the same layout.",
+        "",
+        *_table(
+            [
+                "case",
+                "p50 ms",
+                "p99 ms",
+                "max ms",
+                "CPU s/s",
+                "p99 × raw",
+                "CPU × raw",
+                "runs",
+                "note",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def _memory(res: Results) -> list[str]:
+    if not res.memory:
+        return []
+    rows = [
+        [
+            m.label,
+            f"{m.held:.0f}" if m.key != "envelope" else "–",
+            f"{m.item:.0f}" if m.item else "–",
+            f"{m.held + m.item:.0f}",
+            f"{m.count:,}",
+            m.note,
+        ]
+        for m in res.memory
+    ]
+    out = [
+        "## 4. Memory per queued item",
+        "",
+        "`tracemalloc` after `gc.collect()`: memory held per queued (not yet running) item. "
+        "*held* is what the queue or scheduler keeps; *item* is the object the user made "
+        "(the envelope, the coroutine); *total* is both. Lower is better.",
+        "",
+        *_table(["what", "held B/item", "item B", "total B", "items", "note"], rows),
+        "",
+    ]
+    if res.memory_lines:
+        out += ["Where the READY sends' memory went (top allocation sites, B/item):", ""]
+        out += [f"- `{where}`: {b:.1f}" for where, b in res.memory_lines if b >= 0.5]
+        out += [""]
+    return out
+
+
+def _scaling(res: Results) -> list[str]:
+    cfg = res.cfg
+    first = res.get(f"sc_envq_{cfg.sizes[0]}")
+    ref = median(first.values("rate")) if first else math.nan
+    tp_rows, send_rows, timer_rows = [], [], []
+    notes: list[str] = []
+    for n in cfg.sizes:
+        fl, en = res.get(f"sc_floor_{n}"), res.get(f"sc_envq_{n}")
+        se, ti, rt = (
+            res.get(f"sc_send_{n}"),
+            res.get(f"sc_timers_{n}"),
+            res.get(f"sc_rawtimers_{n}"),
+        )
+        for key in ("floor", "envq", "send", "timers", "rawtimers"):
+            raw = res.cases.get(f"sc_{key}_{n}")
+            if raw is not None and (raw.skipped or raw.error):
+                notes.append(f"{raw.label}: {raw.error or raw.skipped}")
+        tp_rows.append(
+            [
+                f"{n:,}",
+                _cell(fl.values("rate"), ",.0f") if fl else "–",
+                _cell(en.values("rate"), ",.0f") if en else "–",
+                _cell(paired(fl, en, "seconds"), ".2f") if fl and en else "–",
+                _fmt(median(en.values("rate")) / ref, ".2f") if en else "–",
+            ]
+        )
+        send_rows.append([f"{n:,}", _cell(se.values("us"), ".3f") if se else "–"])
+        timer_rows.append(
+            [
+                f"{n:,}",
+                _cell(ti.values("send_us"), ".2f") if ti else "–",
+                _cell(rt.values("send_us"), ".2f") if rt else "–",
+                _cell(ti.values("cancel_ms"), ",.1f") if ti else "–",
+                _cell(ti.values("cancel_us"), ".2f") if ti else "–",
+                _cell(rt.values("cancel_us"), ".2f") if rt else "–",
+            ]
+        )
+    out = [
+        "## 5. Scaling with the number of queued envelopes",
+        "",
+        "Throughput with N one-off no-ops queued up front (as section 1):",
+        "",
+        *_table(
+            ["N", "floor items/s", "envq items/s", "envq × floor", f"envq vs N={cfg.sizes[0]:,}"],
+            tp_rows,
+        ),
+        "",
+        "Send cost: `send(env)` one at a time into a RUNNING queue whose only worker is "
+        "busy, so every envelope stays READY:",
+        "",
+        *_table(["N", "µs per send"], send_rows),
+        "",
+        "Timer heap: N envelopes sent with delays spread over [100, 200) s (each a "
+        "`loop.call_at` entry), then `await q.terminate()` cancels them all and hands them "
+        "back; raw = `loop.call_at` and `handle.cancel()` for the same delays:",
+        "",
+        *_table(
+            [
+                "N",
+                "envq send µs",
+                "raw call_at µs",
+                "envq terminate ms",
+                "envq terminate µs/env",
+                "raw cancel µs/handle",
+            ],
+            timer_rows,
+        ),
+        "",
+    ]
+    if notes:
+        out += ["Skipped:", ""] + [f"- {n}" for n in notes] + [""]
+    return out
+
+
+def _uvloop(res: Results) -> list[str]:
+    pairs = [
+        ("floor throughput, items/s", "floor", "uv_floor", "rate", ",.0f"),
+        ("envq plain throughput, items/s", "envq", "uv_envq", "rate", ",.0f"),
+        ("raw call_at aligned, p99 ms", "raw_aligned", "uv_raw_aligned", "p99", ".2f"),
+        ("envq FIXED_RATE aligned, p99 ms", "envq_aligned", "uv_envq_aligned", "p99", ".2f"),
+        ("raw call_at aligned, CPU s/s", "raw_aligned", "uv_raw_aligned", "cpu", ".3f"),
+        ("envq FIXED_RATE aligned, CPU s/s", "envq_aligned", "uv_envq_aligned", "cpu", ".3f"),
+    ]
+    if not any(res.get(uv) for _, _, uv, _, _ in pairs):
+        return ["## 6. uvloop", "", "Not run (uvloop not installed).", ""]
+    rows = []
+    for label, a_key, u_key, metric, spec in pairs:
+        a, u = res.get(a_key), res.get(u_key)
+        rows.append(
+            [
+                label,
+                _cell(a.values(metric), spec) if a else "–",
+                _cell(u.values(metric), spec) if u else "–",
+                _cell(paired(u, a, metric), ".2f") if a and u else "–",
+            ]
+        )
+    uf, ue = res.get("uv_floor"), res.get("uv_envq")
+    extra = []
+    if uf and ue:
+        extra = [
+            "",
+            f"On uvloop, envq plain throughput is "
+            f"{median(paired(uf, ue, 'seconds')):.2f}× the uvloop floor.",
+        ]
+    return [
+        "## 6. uvloop on/off",
+        "",
+        "The same cases on `uvloop.new_event_loop()` (asyncio columns: sections 1 and 3 of "
+        "the same run). uvloop's clock has millisecond resolution, so its lateness "
+        "figures are quantised to 1 ms.",
+        "",
+        *_table(["case", "asyncio", "uvloop", "uvloop ÷ asyncio"], rows),
+        *extra,
+        "",
+    ]
+
+
+def _profiles(res: Results) -> list[str]:
+    if not res.profiles:
+        return []
+    out = [
+        "## Profile",
+        "",
+        "`cProfile`, one extra run each after the timed sections (profiling inflates every "
+        "call: read proportions, not absolute times). `tottime` = own time.",
+        "",
+    ]
+    for text in res.profiles:
+        title, _, body = text.partition("\n\n")
+        out += [f"**{title}**", "", "```text", body, "```", ""]
+    return out
+
+
+def _method(res: Results) -> list[str]:
+    return [
+        "## Method",
+        "",
+        "- One process; every case repetition gets a fresh event loop "
+        "(`asyncio.Runner`) and `gc.collect()` right before its timed region, which is "
+        "timed with `time.perf_counter()`.",
+        "- Interleaved: each repetition runs every section, and every case of a section "
+        "once in an order rotated by one per repetition, so drift and background load "
+        "hit all cases alike.",
+        "- Envelopes are built once and reused (an envelope that has ended can be sent "
+        "again); construction is never timed.",
+        f"- A case whose repetition takes more than {res.cfg.budget:.0f} s is not repeated, "
+        "and a scaling size that its smaller neighbour predicts to take longer is skipped; "
+        "both say so in the tables.",
+        "- The benchmark reports; it never fails on a missed target. Tests never time anything.",
+        "",
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# Plot
+# --------------------------------------------------------------------------------------
+
+
+def _empty(a: Any) -> None:
+    a.text(0.5, 0.5, "not run", ha="center", va="center", transform=a.transAxes)
+    a.set_xticks([])
+    a.set_yticks([])
+
+
+def plot(res: Results, path: Path) -> None:
+    import matplotlib  # noqa: PLC0415 - the optional extra, on demand
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - the optional extra, on demand
+
+    fig, axes = plt.subplots(2, 4, figsize=(22, 10))
+    fig.suptitle(
+        f"envq benchmarks ({res.cfg.mode}, {res.cfg.reps} reps, medians with min–max; "
+        f"load {res.load_start} → {res.load_end})",
+        fontsize=12,
+    )
+    ax = axes.flat
+
+    def bars(
+        a: object,
+        keys: Sequence[str],
+        metric: str,
+        title: str,
+        xlabel: str,
+        scale: float = 1.0,
+        log: bool = False,
+    ) -> None:
+        from matplotlib.axes import Axes  # noqa: PLC0415 - the optional extra, on demand
+
+        assert isinstance(a, Axes)
+        labels, meds, lo, hi, colors = [], [], [], [], []
+        for key in keys:
+            case = res.get(key)
+            if case is None or not case.values(metric):
+                continue
+            xs = [x * scale for x in case.values(metric)]
+            m = median(xs)
+            labels.append(case.label)
+            meds.append(m)
+            lo.append(m - min(xs))
+            hi.append(max(xs) - m)
+            colors.append(
+                "#d62728"
+                if "envq" in key
+                else ("#7f7f7f" if "floor" in key or "raw" in key else "#1f77b4")
+            )
+        a.set_title(title, fontsize=10)
+        if not labels:
+            _empty(a)
+            return
+        y = list(range(len(labels)))
+        a.barh(y, meds, xerr=[lo, hi], color=colors, capsize=3)
+        a.set_yticks(y, labels, fontsize=8)
+        a.invert_yaxis()
+        a.set_xlabel(xlabel, fontsize=9)
+        if log and min(meds) > 0:
+            a.set_xscale("log")
+        a.grid(axis="x", alpha=0.3)
+
+    bars(
+        ax[0],
+        [
+            "floor",
+            "envq",
+            "envq1",
+            "envq_deadline",
+            "envq_hooks",
+            "aiojobs",
+            "apscheduler",
+            "taskgroup",
+            "threads",
+            "uv_floor",
+            "uv_envq",
+        ],
+        "rate",
+        "1. One-off throughput",
+        "items/s (higher is better)",
+    )
+    bars(
+        ax[1],
+        ["lat_floor", "lat_envq", "lat_aiojobs", "lat_task"],
+        "p99",
+        "2. Idle latency p99",
+        "µs (log; lower is better)",
+        log=True,
+    )
+    per = [
+        "raw_aligned",
+        "envq_aligned",
+        "aps_aligned",
+        "envq_delay_aligned",
+        "uv_raw_aligned",
+        "uv_envq_aligned",
+        "raw_staggered",
+        "envq_staggered",
+        "aps_staggered",
+    ]
+    bars(ax[2], per, "p99", "3. Periodic lateness p99", "ms (log; lower is better)", log=True)
+    bars(ax[3], per, "cpu", "3. Periodic CPU", "CPU s per s (lower is better)")
+
+    a = ax[4]
+    mem = [m for m in res.memory if m.key != "envelope"]
+    if not mem:
+        _empty(a)
+    y = list(range(len(mem)))
+    a.barh(y, [m.held for m in mem], color="#d62728", label="held by queue/scheduler")
+    a.barh(
+        y,
+        [m.item for m in mem],
+        left=[m.held for m in mem],
+        color="#ff9896",
+        label="the user's item",
+    )
+    a.axvline(TARGET_BYTES, color="k", ls="--", lw=1, label=f"target {TARGET_BYTES:.0f} B")
+    a.set_yticks(y, [m.label for m in mem], fontsize=8)
+    a.invert_yaxis()
+    a.set_title("4. Memory per queued item", fontsize=10)
+    a.set_xlabel("bytes (lower is better)", fontsize=9)
+    a.legend(fontsize=7)
+
+    sizes = list(res.cfg.sizes)
+
+    def series(kind: str, metric: str) -> tuple[list[int], list[float]]:
+        xs, ys = [], []
+        for n in sizes:
+            case = res.get(f"sc_{kind}_{n}")
+            if case is not None and case.values(metric):
+                xs.append(n)
+                ys.append(median(case.values(metric)))
+        return xs, ys
+
+    a = ax[5]
+    a.set_title("5. Throughput vs queued", fontsize=10)
+    for kind, label, color in (("floor", "floor", "#7f7f7f"), ("envq", "envq", "#d62728")):
+        xs, ys = series(kind, "rate")
+        a.plot(xs, ys, "o-", label=label, color=color)
+    if not series("envq", "rate")[0]:
+        _empty(a)
+    else:
+        a.set_xscale("log")
+    a.set_ylim(bottom=0)
+    a.set_xlabel("N queued", fontsize=9)
+    a.set_ylabel("items/s", fontsize=9)
+    a.legend(fontsize=8)
+    a.grid(alpha=0.3)
+
+    a = ax[6]
+    for kind, metric, label, style in (
+        ("send", "us", "envq send (READY)", "o-"),
+        ("timers", "send_us", "envq send (DELAYED)", "s-"),
+        ("rawtimers", "send_us", "raw call_at", "s--"),
+        ("timers", "cancel_us", "envq terminate per env", "^-"),
+        ("rawtimers", "cancel_us", "raw cancel per handle", "^--"),
+    ):
+        xs, ys = series(kind, metric)
+        a.plot(xs, ys, style, label=label)
+    a.axhline(TARGET_SEND_US, color="k", ls=":", lw=1, label="send target 1 µs")
+    a.set_title("5. Cost per envelope vs queued", fontsize=10)
+    if not series("send", "us")[0] and not series("timers", "send_us")[0]:
+        _empty(a)
+    else:
+        a.set_xscale("log")
+    a.set_ylim(bottom=0)
+    a.set_xlabel("N queued", fontsize=9)
+    a.set_ylabel("µs", fontsize=9)
+    a.legend(fontsize=7)
+    a.grid(alpha=0.3)
+
+    a = ax[7]
+    targets_ = targets(res)
+    text = "\n".join(
+        f"{'PASS' if t.ok else ('n/a ' if t.ok is None else 'MISS')}  {t.name}: {t.measured}"
+        for t in targets_
+    )
+    a.axis("off")
+    a.set_title("Targets", fontsize=10)
+    a.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=8, wrap=True)
+
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,50 @@
+"""The benchmark suite runs end to end and writes its report.
+
+``python -m benchmarks --smoke`` (tiny sizes, 2 repetitions) in a subprocess, into a
+temporary directory. Nothing here looks at a number: the suite reports timings, tests
+never judge them. Without matplotlib (the ``bench`` extra) the PNG is not asked for;
+without the peers (aiojobs, APScheduler, uvloop) their cases are reported as not run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_smoke_run_writes_markdown_and_png(tmp_path: Path) -> None:
+    plot = importlib.util.find_spec("matplotlib") is not None
+    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(tmp_path)]
+    if not plot:
+        cmd.append("--no-plot")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    md = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
+    for heading in (
+        "## Targets",
+        "## 1. One-off throughput",
+        "## 2. Idle latency",
+        "## 3. Periodic precision",
+        "## 4. Memory per queued item",
+        "## 5. Scaling",
+        "## 6. uvloop",
+    ):
+        assert heading in md, heading
+    assert "Load average" in md
+    assert "asyncio.Queue + 4 workers (floor)" in md
+    assert "failed:" not in md  # no case raised
+    assert "load average at start" in proc.stdout
+    assert "load average at end" in proc.stdout
+
+    png = tmp_path / "benchmarks.png"
+    if plot:
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        assert "![envq benchmarks](benchmarks.png)" in md
+    else:
+        assert not png.exists()
