@@ -1247,7 +1247,9 @@ class Queue:
                     return self._succeed(env, rec, outcome, row)
                 self._enter(env, rec, outcome, row.target)
             case Action.RESCHEDULE:
-                return self._reschedule(env, rec, outcome, row)
+                if env.on_success is not None:
+                    return self._reschedule(env, rec, outcome, row)
+                self._rescheduled(env, rec, outcome, row)
             case Action.DECIDE:
                 return self._decide(env, rec, outcome, row, cause)
             case Action.DECIDE_PERIODIC:
@@ -1275,6 +1277,9 @@ class Queue:
         self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
     ) -> None:
         await self._on_success(env)
+        self._rescheduled(env, rec, outcome, row)
+
+    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow) -> None:
         rec.failures = 0
         if self.limiter is not None:
             self.limiter.forget(env)
