@@ -370,8 +370,11 @@ class Queue:
             async with asyncio.timeout(timeout):
                 await asyncio.shield(waiter.fut)
         except TimeoutError:
-            if waiter.fut.done() and waiter.fut.exception() is None:
-                return
+            if waiter.fut.done():  # the queue settled it as the timeout fired
+                error = waiter.fut.exception()
+                if error is None:
+                    return
+                raise error from None
             self._drop_waiter(waiter)
             self._rejections["capacity"] += 1
             raise CapacityExceeded(
