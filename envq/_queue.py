@@ -93,7 +93,6 @@ _TERMINAL: Final = _machine.TERMINAL_STATES
 _OK: Final = Outcome.OK
 _CANCELLED: Final = Outcome.CANCELLED
 _RUNNING_Q: Final = QueueState.RUNNING
-_INIT_Q: Final = QueueState.INIT
 _STOPPING_Q: Final = QueueState.STOPPING
 _ADMIT: Final = LifeAction.ADMIT
 _SEND: Final = QueueCall.SEND
@@ -102,6 +101,10 @@ _EV_SEND: Final = EnvEvent.SEND
 _ONE_OFF: Final = Kind.ONE_OFF
 _PERIODIC: Final = Kind.PERIODIC
 _REQUEUED: Final = frozenset({_READY, _DELAYED})
+#: Lifecycle actions whose row must leave the queue's state as it is.
+_STAYS: Final = frozenset(
+    {LifeAction.NOTHING, LifeAction.BUFFER, LifeAction.ADMIT, LifeAction.AWAIT_STOP}
+)
 #: Writes the envelope's private ``_owner`` slot directly (the class's own
 #: ``__setattr__`` freezes public fields; the slot descriptor skips it cheaply).
 _set_owner: Final = cast("Any", Envelope.__dict__["_owner"]).__set__
@@ -335,7 +338,7 @@ class Queue:
         """
         row = self._send_row
         if row.action is _ADMIT:
-            self._admit(envelopes, waiting=False)
+            self._admit(envelopes, waiting=False, buffer=False)
         else:
             self._life(row, _SEND, envelopes)
 
@@ -565,9 +568,11 @@ class Queue:
         cause: CancelCause | None = None,
     ) -> asyncio.Future[None] | None:
         """Perform a lifecycle row; return the future to await, if the call waits."""
+        if _machine.STRICT and row.action in _STAYS:
+            assert row.target is self._state, f"{row} must leave the state unchanged"
         match row.action:
             case LifeAction.BUFFER | LifeAction.ADMIT:
-                self._admit(batch, waiting=False)
+                self._admit(batch, waiting=False, buffer=row.action is LifeAction.BUFFER)
                 return None
             case LifeAction.NOTHING:
                 return None
@@ -744,12 +749,14 @@ class Queue:
     # Admission
     # ----------------------------------------------------------------------------------
 
-    def _admit(self, items: Sequence[object], *, waiting: bool) -> bool:
-        """Run send's checks and admit the batch; False if a waiter must keep waiting."""
+    def _admit(self, items: Sequence[object], *, waiting: bool, buffer: bool = False) -> bool:
+        """Run send's checks and admit the batch (into the pre-start buffer when
+        ``buffer``); False if a waiter must keep waiting."""
         if waiting:
             row = LIFECYCLE[(self._state, QueueCall.SEND)]
             if row.action is LifeAction.REJECT:
                 self._life(row, QueueCall.SEND, cast("Sequence[Envelope]", items))
+            buffer = row.action is LifeAction.BUFFER
         fresh: list[Envelope] = []
         dedups = 0
         blacklist = self._blacklist
@@ -785,7 +792,6 @@ class Queue:
                 )
         if dedups:
             self._dedups += dedups
-        buffered = self._state is _INIT_Q
         live = self._live
         seq = self._seq
         for env in fresh:
@@ -799,7 +805,7 @@ class Queue:
             rec.failures = 0
             _set_owner(env, self)
             live[env] = rec
-            if buffered:
+            if buffer:
                 self._enter(env, rec, _EV_SEND, _BUFFERED)
             else:
                 delay = env.delay if env.not_before is None else self._first_delay(env)
