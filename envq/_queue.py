@@ -262,7 +262,7 @@ class Queue:
         self._threads = threads or min(32, workers + 4)
 
         self._state = QueueState.INIT
-        self._send_row = LIFECYCLE[(self._state, QueueCall.SEND)]
+        self._send_row = self._row_for_send(self._state)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[Envelope, _Rec] = {}
         self._ready: deque[Envelope] = deque()
@@ -610,11 +610,20 @@ class Queue:
     def _set_state(self, to: QueueState | None) -> None:
         assert to is not None
         frm, self._state = self._state, to
-        self._send_row = LIFECYCLE[(to, QueueCall.SEND)]
+        self._send_row = self._row_for_send(to)
         if frm is not to and self._listeners:
             self._emit(Event(self._now(), self.name, None, frm, to))
         if self._waiters:
             self._pump()
+
+    @staticmethod
+    def _row_for_send(state: QueueState) -> LifeRow:
+        """The SEND row of ``state``, cached by ``send()``'s fast path (which then skips
+        ``_life``, so the strict self-loop check is made here)."""
+        row = LIFECYCLE[(state, QueueCall.SEND)]
+        if _machine.STRICT and row.action in _STAYS:
+            assert row.target is state, f"{row} must leave the state unchanged"
+        return row
 
     def _arm_all(self, row: LifeRow) -> None:
         loop = self._loop_()
