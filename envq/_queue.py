@@ -607,13 +607,15 @@ class Queue:
             case _:
                 assert_never(row.action)
 
-    def _set_state(self, to: QueueState | None) -> None:
+    def _set_state(self, to: QueueState | None, *, pump: bool = True) -> None:
+        """Enter queue state ``to``; then (unless told not to) admit waiting producers
+        the new state lets in."""
         assert to is not None
         frm, self._state = self._state, to
         self._send_row = self._row_for_send(to)
         if frm is not to and self._listeners:
             self._emit(Event(self._now(), self.name, None, frm, to))
-        if self._waiters:
+        if pump and self._waiters:
             self._pump()
 
     @staticmethod
@@ -629,7 +631,10 @@ class Queue:
         loop = self._loop_()
         self._epoch += 1
         self._run = None
-        self._set_state(row.target)
+        # Waiting producers are let in only once everything already admitted is armed:
+        # their envelopes enter READY/DELAYED by admission, not by START, and queue up
+        # behind the earlier ones.
+        self._set_state(row.target, pump=False)
         self._crew = [_Worker(self._epoch) for _ in range(self.workers)]
         for n, w in enumerate(self._crew):
             w.task = task = loop.create_task(self._work(w), name=f"envq:{self.name}:worker-{n}")
@@ -639,6 +644,8 @@ class Queue:
         for env, rec in list(self._live.items()):
             delay = self._first_delay(env) if rec.state is EnvState.BUFFERED else rec.due
             self._enter(env, rec, EnvEvent.START, _READY if delay <= 0 else EnvState.DELAYED, delay)
+        if self._waiters:
+            self._pump()
 
     def _begin_stop(
         self, row: LifeRow, mode: StopMode, cause: CancelCause | None

@@ -195,7 +195,7 @@ class QueueConfig:
 def queue_configs() -> st.SearchStrategy[QueueConfig]:
     return st.builds(
         QueueConfig,
-        workers=st.integers(1, 3),
+        workers=st.sampled_from([1, 1, 2, 3]),
         capacity=st.sampled_from([0, 2, 3, 5]),
         stop_mode=st.sampled_from(envq.StopMode),
         wait=st.booleans(),
