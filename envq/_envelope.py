@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable
@@ -55,14 +54,15 @@ class _Rec:
     armed.
     """
 
-    __slots__ = ("attempts", "due", "failures", "handle", "kind", "seq", "state")
+    __slots__ = ("attempts", "due", "failures", "kind", "seq", "state", "tick")
 
     def __init__(self) -> None:
         self.state = EnvState.NEW
         self.kind = Kind.ONE_OFF
         self.seq = 0
         self.due = 0.0
-        self.handle: asyncio.TimerHandle | None = None
+        #: The number of its entry in the queue's timer heap while DELAYED, else 0.
+        self.tick = 0
         self.attempts = 0
         self.failures = 0
 

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from heapq import heapify, heappop, heappush
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, NoReturn, assert_never, cast
 
@@ -97,10 +98,35 @@ _STOPPING_Q: Final = QueueState.STOPPING
 _ADMIT: Final = LifeAction.ADMIT
 _SEND: Final = QueueCall.SEND
 _DISPATCH: Final = EnvEvent.DISPATCH
+_DUE: Final = EnvEvent.DUE
 _EV_SEND: Final = EnvEvent.SEND
 _ONE_OFF: Final = Kind.ONE_OFF
 _PERIODIC: Final = Kind.PERIODIC
 _REQUEUED: Final = frozenset({_READY, _DELAYED})
+
+
+class _Act:
+    """``Action`` members as plain class attributes, for ``match`` value patterns: on
+    Python 3.11 ``EnumType.__getattr__`` makes every ``Action.X`` read slow (~60 ns),
+    and a ``case`` reads one per pattern tried."""
+
+    SUCCEED: Final = Action.SUCCEED
+    RESCHEDULE: Final = Action.RESCHEDULE
+    DECIDE: Final = Action.DECIDE
+    DECIDE_PERIODIC: Final = Action.DECIDE_PERIODIC
+    REPORT_FAILURE: Final = Action.REPORT_FAILURE
+    END: Final = Action.END
+    BLACKLIST: Final = Action.BLACKLIST
+    SHELVE: Final = Action.SHELVE
+
+
+class _Sched:
+    """``Schedule`` members as plain class attributes (see :class:`_Act`)."""
+
+    FIXED_DELAY: Final = Schedule.FIXED_DELAY
+    FIXED_RATE: Final = Schedule.FIXED_RATE
+
+
 #: Lifecycle actions whose row must leave the queue's state as it is.
 _STAYS: Final = frozenset(
     {LifeAction.NOTHING, LifeAction.BUFFER, LifeAction.ADMIT, LifeAction.AWAIT_STOP}
@@ -280,6 +306,17 @@ class Queue:
         #: (admission number, envelope) handed back by the terminate under way.
         self._handed: list[tuple[int, Envelope]] = []
         self._seq = 0
+        # DELAYED envelopes wait in the queue's own timer heap of (due, tick, envelope)
+        # under one loop timer for the earliest: tuples compare in C (the loop's heap
+        # compares TimerHandles with a Python ``__lt__``), envelopes due together
+        # become READY in one callback, and ties go in the order they were delayed.
+        # An entry is live while its envelope is DELAYED here with the same ``tick``;
+        # others are stale and skipped (``_armed`` counts the live ones).
+        self._heap: list[tuple[float, int, Envelope]] = []
+        self._ticks = 0
+        self._armed = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
         self._jobs: set[_ThreadJob] = set()
         # Statistics.
         self._terminal = {state: 0 for state in EnvState if state in _TERMINAL}
@@ -675,12 +712,12 @@ class Queue:
         now = self._loop_().time()
         for env, rec in self._live.items():
             if rec.state in parkable:
-                if rec.handle is not None:
-                    rec.handle.cancel()
-                    rec.handle = None
+                rec.tick = 0
                 remaining = max(0.0, rec.due - now) if rec.state is EnvState.DELAYED else 0.0
                 self._move(env, rec, EnvEvent.STOP, EnvState.PARKED)
                 rec.due = remaining
+        # Both modes park every DELAYED envelope: no entry of the timer heap is live.
+        self._clear_timers()
 
     def _cancel_in_flight(self, cause: CancelCause | None) -> None:
         if cause is None:
@@ -789,12 +826,14 @@ class Queue:
                 dedups += 1
             else:
                 self._refuse(items)
-        if len(fresh) > 1:
-            unique = list(dict.fromkeys(fresh))
-            dedups += len(fresh) - len(unique)
-            fresh = unique
+        # A batch may name an envelope twice: the second is a dedup, found below as
+        # already owned (cheaper than making the batch unique up front).
+        repeats = len(fresh) > 1
         if fresh and self.capacity:
-            over = len(self._live) + len(fresh) > self.capacity
+            count = len(fresh)
+            if repeats and len(self._live) + count > self.capacity:
+                count = len(set(fresh))
+            over = len(self._live) + count > self.capacity
             if waiting:
                 if over:
                     return False
@@ -803,14 +842,15 @@ class Queue:
                 self._reject(
                     "capacity",
                     CapacityExceeded,
-                    f"{why} for {len(fresh)} envelope(s): {len(self._live)} of "
+                    f"{why} for {count} envelope(s): {len(self._live)} of "
                     f"{self.capacity} used ({fresh[0].label()})",
                 )
-        if dedups:
-            self._dedups += dedups
         live = self._live
         seq = self._seq
         for env in fresh:
+            if repeats and env._owner is self:
+                dedups += 1
+                continue
             seq += 1
             # The envelope's own record, reset for this stay (no allocation per send).
             rec = env._rec
@@ -827,6 +867,8 @@ class Queue:
                 delay = env.delay if env.not_before is None else self._first_delay(env)
                 self._enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
         self._seq = seq
+        if dedups:
+            self._dedups += dedups
         return True
 
     def _refuse(self, items: Sequence[object]) -> NoReturn:
@@ -952,9 +994,8 @@ class Queue:
             del self._live[env]
             _set_owner(env, None)
             self._terminal[to] += 1
-            if rec.handle is not None:
-                rec.handle.cancel()
-                rec.handle = None
+            if rec.tick:
+                self._disarm(rec)
             if self.limiter is not None:
                 self.limiter.forget(env)
             if to is _RETURNED:
@@ -966,22 +1007,68 @@ class Queue:
             if self._waiters:
                 self._pump()
         elif to is _DELAYED:
-            loop = self._loop_()
-            rec.due = loop.time() + delay
-            rec.handle = loop.call_at(rec.due, self._on_due, env)
+            due = rec.due = self._loop_().time() + delay
+            tick = rec.tick = self._ticks = self._ticks + 1
+            self._armed += 1
+            heappush(self._heap, (due, tick, env))
+            if due < self._timer_at:
+                self._arm_timer(due)
         elif to is _PARKED or to is _BUFFERED:
             rec.due = max(0.0, delay)
         else:
             raise AssertionError(f"{to.name} is not entered through _enter")
 
-    def _on_due(self, env: Envelope) -> None:
-        rec = self._live.get(env)
-        if rec is None or rec.state is not EnvState.DELAYED:
-            return
-        rec.handle = None
-        due = rec.due
-        self._enter(env, rec, EnvEvent.DUE, _READY)
-        rec.due = due
+    def _arm_timer(self, due: float) -> None:
+        """(Re)arm the loop timer for the heap's earliest entry, due at ``due``."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = due
+        self._timer = self._loop_().call_at(due, self._on_due)
+
+    def _on_due(self) -> None:
+        """The loop timer: every envelope due by now (within the loop's clock
+        resolution, as the loop itself fires timers) becomes READY, earliest first."""
+        self._timer = None
+        self._timer_at = math.inf
+        heap = self._heap
+        loop = self._loop_()
+        # Read the clock once: an entry pushed by a READY entry's wake-up is never due.
+        limit = loop.time() + getattr(loop, "_clock_resolution", 0.0)
+        while heap and heap[0][0] <= limit:
+            due, tick, env = heappop(heap)
+            rec = env._rec
+            if rec.tick != tick or env._owner is not self or rec.state is not _DELAYED:
+                continue
+            rec.tick = 0
+            self._armed -= 1
+            self._enter(env, rec, _DUE, _READY)
+            rec.due = due
+        if heap and self._timer is None:
+            self._arm_timer(heap[0][0])
+
+    def _disarm(self, rec: _Rec) -> None:
+        """A DELAYED envelope leaves early: its heap entry goes stale. The heap is
+        rebuilt once stale entries outnumber the live ones (they hold envelopes)."""
+        rec.tick = 0
+        self._armed -= 1
+        heap = self._heap
+        if len(heap) > 64 + 2 * self._armed:
+            heap[:] = [
+                entry
+                for entry in heap
+                if entry[2]._rec.tick == entry[1] and entry[2]._owner is self
+            ]
+            heapify(heap)
+            if not heap:
+                self._clear_timers()
+
+    def _clear_timers(self) -> None:
+        self._heap.clear()
+        self._armed = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = math.inf
 
     def _requeue(
         self,
@@ -1000,7 +1087,7 @@ class Queue:
         if self.limiter is not None and outcome is not _OK and to in _REQUEUED:
             delay = max(delay, self.limiter.when(env))
             if delay > 0 and to is _READY:
-                to = EnvState.DELAYED
+                to = _DELAYED
         if self._state is not _RUNNING_Q:
             to = PARK_INSTEAD.get(to, to)
         self._enter(env, rec, outcome, to, delay, cause)
@@ -1074,7 +1161,7 @@ class Queue:
                 w.cancellable = False
                 w.cancel_cause = None
                 w.deadline_at = None
-            if self._run is not None:
+            if self._run is not None and not ready:
                 self._check_drained()
 
     def _classify(self, w: _Worker, env: Envelope, exc: BaseException, *cms: Any) -> Outcome:
@@ -1235,9 +1322,9 @@ class Queue:
     def _next_run(self, env: Envelope, rec: _Rec) -> float:
         """Seconds from now to the envelope's next periodic run."""
         match env.schedule:
-            case Schedule.FIXED_DELAY:
+            case _Sched.FIXED_DELAY:
                 return env.interval
-            case Schedule.FIXED_RATE:
+            case _Sched.FIXED_RATE:
                 now = self._loop_().time()
                 slots = math.floor((now - rec.due) / env.interval) + 1
                 return rec.due + slots * env.interval - now
@@ -1267,26 +1354,26 @@ class Queue:
         if run is not None:
             (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
         match row.action:
-            case Action.SUCCEED:
+            case _Act.SUCCEED:
                 if env.on_success is not None:
                     return self._succeed(env, rec, outcome, row)
                 self._enter(env, rec, outcome, row.target)
-            case Action.RESCHEDULE:
+            case _Act.RESCHEDULE:
                 if env.on_success is not None:
                     return self._reschedule(env, rec, outcome, row)
                 self._rescheduled(env, rec, outcome, row)
-            case Action.DECIDE:
+            case _Act.DECIDE:
                 return self._decide(env, rec, outcome, row, cause)
-            case Action.DECIDE_PERIODIC:
+            case _Act.DECIDE_PERIODIC:
                 return self._decide_periodic(env, rec, outcome, row, cause)
-            case Action.REPORT_FAILURE:
+            case _Act.REPORT_FAILURE:
                 return self._report_failure(env, rec, outcome, row, cause)
-            case Action.END:
+            case _Act.END:
                 self._enter(env, rec, outcome, row.target, cause=cause)
-            case Action.BLACKLIST:
+            case _Act.BLACKLIST:
                 self._blacklist_type(env)
                 self._enter(env, rec, outcome, row.target, cause=cause)
-            case Action.SHELVE:
+            case _Act.SHELVE:
                 assert w.cancel_cause is not None
                 to = SHELVE_TARGET[w.cancel_cause]
                 self._enter(env, rec, outcome, to, cause=cause)
@@ -1341,7 +1428,7 @@ class Queue:
 
     @staticmethod
     def _attempt_no(rec: _Rec) -> int:
-        return rec.failures + 1 if rec.kind is Kind.PERIODIC else rec.attempts
+        return rec.failures + 1 if rec.kind is _PERIODIC else rec.attempts
 
     async def _decide(
         self,

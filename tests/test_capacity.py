@@ -560,6 +560,24 @@ class TestDedup:
         assert calls == [env]
         await q.terminate()
 
+    async def test_repeats_count_once_against_capacity(self) -> None:
+        """send(a, b, a, b) fits capacity 2 (it names two envelopes) and counts two
+        dedups; send(x, y, z, x) into capacity 2 is refused whole, as three."""
+        calls: list[envq.Envelope] = []
+        q = envq.Queue("q", capacity=2)
+        a, b = counted(calls), counted(calls)
+        q.send(a, b, a, b)
+        assert q.capacity_used == 2
+        assert q.statistics().dedups == 2
+        r = envq.Queue("r", capacity=2)
+        x, y, z = counted(calls), counted(calls), counted(calls)
+        with pytest.raises(envq.CapacityExceeded, match="for 3 envelope"):
+            r.send(x, y, z, x)
+        assert r.capacity_used == 0
+        assert r.statistics().dedups == 0
+        await q.terminate()
+        await r.terminate()
+
     async def test_while_buffered(self) -> None:
         """Re-sending a BUFFERED envelope is skipped; it runs once after start()."""
         calls: list[envq.Envelope] = []
