@@ -54,10 +54,27 @@ class _Rec:
     armed.
     """
 
-    __slots__ = ("attempts", "due", "failures", "kind", "seq", "state", "tick")
+    __slots__ = (
+        "attempts",
+        "base",
+        "due",
+        "failures",
+        "kind",
+        "lead",
+        "owner",
+        "seq",
+        "state",
+        "tick",
+    )
 
     def __init__(self) -> None:
+        #: The queue the envelope is live in (None when in none); set by the queue only.
+        self.owner: Any = None
         self.state = EnvState.NEW
+        #: ONE_OFF or PERIODIC, from the envelope (``kind`` is reset to it on admission).
+        self.base = Kind.ONE_OFF
+        #: The delay before the first run; -1 when ``not_before`` must be consulted.
+        self.lead = 0.0
         self.kind = Kind.ONE_OFF
         self.seq = 0
         self.due = 0.0
@@ -191,8 +208,6 @@ class Envelope:
     # Derived at construction, read by the worker on every attempt.
     _async: bool = attrs.field(init=False, default=False)
     _bare: bool = attrs.field(init=False, default=False)
-    # The queue this envelope is live in (None when in none); set by the queue only.
-    _owner: Any = attrs.field(init=False, default=None)
     _rec: _Rec = attrs.field(init=False, factory=_Rec, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -202,6 +217,9 @@ class Envelope:
                 f"({self.interval!r} s) for a periodic envelope"
             )
         set_ = object.__setattr__
+        rec = self._rec
+        rec.base = Kind.PERIODIC if self.interval > 0 else Kind.ONE_OFF
+        rec.lead = self.delay if self.not_before is None else -1.0
         set_(self, "_async", is_async_callable(self.invoke))
         set_(
             self,

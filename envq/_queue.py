@@ -131,9 +131,6 @@ class _Sched:
 _STAYS: Final = frozenset(
     {LifeAction.NOTHING, LifeAction.BUFFER, LifeAction.ADMIT, LifeAction.AWAIT_STOP}
 )
-#: Writes the envelope's private ``_owner`` slot directly (the class's own
-#: ``__setattr__`` freezes public fields; the slot descriptor skips it cheaply).
-_set_owner: Final = cast("Any", Envelope.__dict__["_owner"]).__set__
 
 #: Control signals raised by user code, first match wins (StopType before StopEnvelope).
 _SIGNALS: Final[tuple[tuple[type[BaseException], Outcome], ...]] = (
@@ -375,7 +372,7 @@ class Queue:
         """
         row = self._send_row
         if row.action is _ADMIT:
-            self._admit(envelopes, waiting=False, buffer=False)
+            self._admit(envelopes, False)
         else:
             self._life(row, _SEND, envelopes)
 
@@ -393,10 +390,10 @@ class Queue:
             the capacity.
         """
         batch = tuple(envelopes)
-        if not self._waiters and self._admit(batch, waiting=True):
+        if not self._waiters and self._admit(batch, True):
             return
         distinct = {
-            id(env) for env in batch if not (isinstance(env, Envelope) and env._owner is self)
+            id(env) for env in batch if not (isinstance(env, Envelope) and env._rec.owner is self)
         }
         if self.capacity and len(distinct) > self.capacity:
             self._rejections["capacity"] += 1
@@ -609,7 +606,7 @@ class Queue:
             assert row.target is self._state, f"{row} must leave the state unchanged"
         match row.action:
             case LifeAction.BUFFER | LifeAction.ADMIT:
-                self._admit(batch, waiting=False, buffer=row.action is LifeAction.BUFFER)
+                self._admit(batch, False, row.action is LifeAction.BUFFER)
                 return None
             case LifeAction.NOTHING:
                 return None
@@ -802,7 +799,7 @@ class Queue:
     # Admission
     # ----------------------------------------------------------------------------------
 
-    def _admit(self, items: Sequence[object], *, waiting: bool, buffer: bool = False) -> bool:
+    def _admit(self, items: Sequence[object], waiting: bool, buffer: bool = False) -> bool:
         """Run send's checks and admit the batch (into the pre-start buffer when
         ``buffer``); False if a waiter must keep waiting."""
         if waiting:
@@ -810,7 +807,6 @@ class Queue:
             if row.action is LifeAction.REJECT:
                 self._life(row, QueueCall.SEND, cast("Sequence[Envelope]", items))
             buffer = row.action is LifeAction.BUFFER
-        fresh: list[Envelope] = []
         dedups = 0
         blacklist = self._blacklist
         for env in items:
@@ -819,13 +815,15 @@ class Queue:
                 self._refuse(items)
             if blacklist and env.type in blacklist:
                 self._refuse(items)
-            owner = env._owner
-            if owner is None:
-                fresh.append(env)
-            elif owner is self:
+            owner = env._rec.owner
+            if owner is not None:
+                if owner is not self:
+                    self._refuse(items)
                 dedups += 1
-            else:
-                self._refuse(items)
+        # Usually every envelope is new and the batch is admitted as it came.
+        fresh = cast("Sequence[Envelope]", items)
+        if dedups:
+            fresh = [env for env in fresh if env._rec.owner is None]
         # A batch may name an envelope twice: the second is a dedup, found below as
         # already owned (cheaper than making the batch unique up front).
         repeats = len(fresh) > 1
@@ -848,23 +846,23 @@ class Queue:
         live = self._live
         seq = self._seq
         for env in fresh:
-            if repeats and env._owner is self:
+            if repeats and env._rec.owner is self:
                 dedups += 1
                 continue
             seq += 1
             # The envelope's own record, reset for this stay (no allocation per send).
             rec = env._rec
             rec.state = _NEW
-            rec.kind = _PERIODIC if env.interval > 0 else _ONE_OFF
+            rec.kind = rec.base
             rec.seq = seq
             rec.attempts = 0
             rec.failures = 0
-            _set_owner(env, self)
+            rec.owner = self
             live[env] = rec
             if buffer:
                 self._enter(env, rec, _EV_SEND, _BUFFERED)
             else:
-                delay = env.delay if env.not_before is None else self._first_delay(env)
+                delay = rec.lead if rec.lead >= 0 else self._first_delay(env)
                 self._enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
         self._seq = seq
         if dedups:
@@ -886,7 +884,7 @@ class Queue:
                     f"type {env.type!r} is blacklisted ({env.label()})",
                 )
         for env in batch:
-            owner = env._owner
+            owner = env._rec.owner
             if owner is not None and owner is not self:
                 self._reject(
                     "foreign", BadEnvelope, f"{env.label()} is live in queue {owner.name!r}"
@@ -919,7 +917,7 @@ class Queue:
                 waiters.popleft()
                 continue
             try:
-                admitted = self._admit(head.envs, waiting=True)
+                admitted = self._admit(head.envs, True)
             except EnvqError as exc:
                 waiters.popleft()
                 head.fut.set_exception(exc)
@@ -992,7 +990,7 @@ class Queue:
                     break
         elif to in _TERMINAL:
             del self._live[env]
-            _set_owner(env, None)
+            rec.owner = None
             self._terminal[to] += 1
             if rec.tick:
                 self._disarm(rec)
@@ -1037,7 +1035,7 @@ class Queue:
         while heap and heap[0][0] <= limit:
             due, tick, env = heappop(heap)
             rec = env._rec
-            if rec.tick != tick or env._owner is not self or rec.state is not _DELAYED:
+            if rec.tick != tick or env._rec.owner is not self or rec.state is not _DELAYED:
                 continue
             rec.tick = 0
             self._armed -= 1
@@ -1056,7 +1054,7 @@ class Queue:
             heap[:] = [
                 entry
                 for entry in heap
-                if entry[2]._rec.tick == entry[1] and entry[2]._owner is self
+                if entry[2]._rec.tick == entry[1] and entry[2]._rec.owner is self
             ]
             heapify(heap)
             if not heap:
@@ -1496,7 +1494,7 @@ class Queue:
         """The worker running the attempt the current task belongs to, if it is one of
         this queue's attempts still in progress (or its hooks)."""
         env = _ATTEMPT.get()
-        owner: object = env._owner if env is not None else None
+        owner: object = env._rec.owner if env is not None else None
         if owner is not self:
             return None
         for w in self._crew:
@@ -1516,7 +1514,7 @@ def current_attempt() -> Attempt | None:
     """The attempt the calling code runs in — from ``invoke``, a hook, a stamp, or a
     task spawned by one of them — or None outside any attempt or once it has ended."""
     env = _ATTEMPT.get()
-    owner: object = env._owner if env is not None else None
+    owner: object = env._rec.owner if env is not None else None
     if env is None or not isinstance(owner, Queue):
         return None
     for w in owner._crew:

@@ -61,13 +61,24 @@ class _Threads:
 
 
 class _Job:
-    __slots__ = ("args", "dead", "fn", "started", "threads")
+    """One executor call, counted as busy until the loop has its result.
+
+    The count drops when the loop has taken delivery (``on_done``), not when the
+    thread returns: in between, the result is still on its way to the loop's
+    self-pipe, and a loop that saw no busy thread then would jump the clock ahead
+    of it. A call nobody waits for any more (its future was cancelled) counts until
+    its thread returns; one that never started, not at all.
+    """
+
+    __slots__ = ("abandoned", "args", "dead", "finished", "fn", "started", "threads")
 
     def __init__(self, threads: _Threads, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.threads = threads
         self.fn = fn
         self.args = args
         self.started = False
+        self.finished = False
+        self.abandoned = False
         self.dead = False
 
     def run(self) -> Any:
@@ -80,16 +91,23 @@ class _Job:
             return self.fn(*self.args)
         finally:
             with threads.lock:
-                threads.busy -= 1
+                self.finished = True
+                if self.abandoned:
+                    threads.busy -= 1
 
     def on_done(self, fut: asyncio.Future[Any]) -> None:
-        # The awaiting future was cancelled before the thread picked the job up: the
-        # job will never run, so it must stop counting as busy.
+        """In the loop's thread, once the awaiting future is done."""
         threads = self.threads
         with threads.lock:
-            if not self.started and not self.dead:
-                self.dead = True
-                threads.busy -= 1
+            if not self.started:
+                # Cancelled before a thread picked it up: it will never run.
+                if not self.dead:
+                    self.dead = True
+                    threads.busy -= 1
+            elif self.finished:
+                threads.busy -= 1  # the result has reached the loop
+            else:
+                self.abandoned = True  # cancelled while running: counts until it returns
 
 
 class _VirtualSelector(selectors.BaseSelector):

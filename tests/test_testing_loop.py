@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -133,3 +135,45 @@ async def test_plugin_runs_async_tests_on_virtual_time() -> None:
 async def test_real_clock_marker_uses_a_real_loop() -> None:
     """Tests marked real_clock run on a plain asyncio loop."""
     assert not isinstance(asyncio.get_running_loop(), VirtualTimeLoop)
+
+
+class _SlowDelivery(concurrent.futures.Executor):
+    """Runs each call in a fresh thread, then waits ``lag`` real seconds before
+    handing over the result: the window between a thread returning and the loop
+    seeing its result, stretched so a test can land in it."""
+
+    def __init__(self, lag: float) -> None:
+        self.lag = lag
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def work() -> None:
+            try:
+                value = fn(*args, **kwargs)
+            except BaseException as exc:  # delivered, like a real executor
+                time.sleep(self.lag)
+                fut.set_exception(exc)
+            else:
+                time.sleep(self.lag)
+                fut.set_result(value)
+
+        threading.Thread(target=work, daemon=True).start()
+        return fut
+
+
+class TestThreadResultInFlight:
+    def test_clock_waits_for_a_result_on_its_way(self) -> None:
+        """A call that has returned in its thread but whose result has not reached the
+        loop yet still holds the clock: a pending 100 s timer must not fire first."""
+
+        async def main() -> float:
+            loop = asyncio.get_running_loop()
+            sleeper = asyncio.ensure_future(asyncio.sleep(100))
+            t0 = loop.time()
+            await loop.run_in_executor(_SlowDelivery(0.3), lambda: None)
+            took = loop.time() - t0
+            sleeper.cancel()
+            return took
+
+        assert run(main()) == 0.0
