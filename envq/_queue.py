@@ -287,6 +287,8 @@ class Queue:
         self._state = QueueState.INIT
         self._send_row = self._row_for_send(self._state)
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: ``loop.time`` once the queue is bound to its loop.
+        self._clock: Callable[[], float] = self._unbound_clock
         self._live: dict[Envelope, _Rec] = {}
         self._ready: deque[Envelope] = deque()
         self._idle: deque[asyncio.Future[bool]] = deque()
@@ -354,6 +356,7 @@ class Queue:
         if self._loop is not None and self._loop is not loop:
             raise RuntimeError(f"queue {self.name!r} is bound to another event loop")
         self._loop = loop
+        self._clock = loop.time
         self._life(LIFECYCLE[(self._state, QueueCall.START)], QueueCall.START)
 
     def send(self, *envelopes: Envelope) -> None:
@@ -826,10 +829,9 @@ class Queue:
             fresh = [env for env in fresh if env._rec.owner is None]
         # A batch may name an envelope twice: the second is a dedup, found below as
         # already owned (cheaper than making the batch unique up front).
-        repeats = len(fresh) > 1
         if fresh and self.capacity:
             count = len(fresh)
-            if repeats and len(self._live) + count > self.capacity:
+            if count > 1 and len(self._live) + count > self.capacity:
                 count = len(set(fresh))
             over = len(self._live) + count > self.capacity
             if waiting:
@@ -845,13 +847,14 @@ class Queue:
                 )
         live = self._live
         seq = self._seq
+        enter = self._enter
         for env in fresh:
-            if repeats and env._rec.owner is self:
+            # The envelope's own record, reset for this stay (no allocation per send).
+            rec = env._rec
+            if rec.owner is self:  # named twice in this batch
                 dedups += 1
                 continue
             seq += 1
-            # The envelope's own record, reset for this stay (no allocation per send).
-            rec = env._rec
             rec.state = _NEW
             rec.kind = rec.base
             rec.seq = seq
@@ -860,10 +863,10 @@ class Queue:
             rec.owner = self
             live[env] = rec
             if buffer:
-                self._enter(env, rec, _EV_SEND, _BUFFERED)
+                enter(env, rec, _EV_SEND, _BUFFERED)
             else:
                 delay = rec.lead if rec.lead >= 0 else self._first_delay(env)
-                self._enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
+                enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
         self._seq = seq
         if dedups:
             self._dedups += dedups
@@ -979,8 +982,10 @@ class Queue:
         if self._observed:
             self._observe(env, frm, event, to, cause)
         if to is _READY:
-            if rec.kind is _PERIODIC:  # the FIXED_RATE grid needs the scheduled start
-                rec.due = self._loop_().time()
+            # The FIXED_RATE grid needs a periodic run's scheduled start: the time it
+            # became READY, or (coming from DELAYED) the time it was due, kept in due.
+            if rec.kind is _PERIODIC and event is not _DUE:
+                rec.due = self._clock()
             self._ready.append(env)
             idle = self._idle
             while idle:
@@ -988,6 +993,13 @@ class Queue:
                 if not fut.done():
                     fut.set_result(True)
                     break
+        elif to is _DELAYED:
+            due = rec.due = self._clock() + delay
+            tick = rec.tick = self._ticks = self._ticks + 1
+            self._armed += 1
+            heappush(self._heap, (due, tick, env))
+            if due < self._timer_at:
+                self._arm_timer(due)
         elif to in _TERMINAL:
             del self._live[env]
             rec.owner = None
@@ -1004,13 +1016,6 @@ class Queue:
                 self._wake_empty()
             if self._waiters:
                 self._pump()
-        elif to is _DELAYED:
-            due = rec.due = self._loop_().time() + delay
-            tick = rec.tick = self._ticks = self._ticks + 1
-            self._armed += 1
-            heappush(self._heap, (due, tick, env))
-            if due < self._timer_at:
-                self._arm_timer(due)
         elif to is _PARKED or to is _BUFFERED:
             rec.due = max(0.0, delay)
         else:
@@ -1033,14 +1038,13 @@ class Queue:
         # Read the clock once: an entry pushed by a READY entry's wake-up is never due.
         limit = loop.time() + getattr(loop, "_clock_resolution", 0.0)
         while heap and heap[0][0] <= limit:
-            due, tick, env = heappop(heap)
+            _due, tick, env = heappop(heap)
             rec = env._rec
             if rec.tick != tick or env._rec.owner is not self or rec.state is not _DELAYED:
                 continue
             rec.tick = 0
             self._armed -= 1
             self._enter(env, rec, _DUE, _READY)
-            rec.due = due
         if heap and self._timer is None:
             self._arm_timer(heap[0][0])
 
@@ -1323,7 +1327,7 @@ class Queue:
             case _Sched.FIXED_DELAY:
                 return env.interval
             case _Sched.FIXED_RATE:
-                now = self._loop_().time()
+                now = self._clock()
                 slots = math.floor((now - rec.due) / env.interval) + 1
                 return rec.due + slots * env.interval - now
             case _:
@@ -1479,7 +1483,11 @@ class Queue:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+            self._clock = loop.time
         return loop
+
+    def _unbound_clock(self) -> float:
+        return self._loop_().time()
 
     def _now(self) -> float:
         """Loop time for events; 0.0 before the queue has seen a loop."""
