@@ -158,7 +158,7 @@ async def _measure(cfg: Config) -> tuple[list[MemRow], list[tuple[str, float]]]:
             (_traced() - m0) / m,
             env_bytes,
             m,
-            "_live entry + TimerHandle + heap slot",
+            "_live entry + (due, tick, envelope) tuple + heap slot",
         )
     )
     await q3.terminate()

@@ -507,9 +507,10 @@ def _scaling(res: Results) -> list[str]:
         "",
         *_table(["N", "µs per send"], send_rows),
         "",
-        "Timer heap: N envelopes sent with delays spread over [100, 200) s (each a "
-        "`loop.call_at` entry), then `await q.terminate()` cancels them all and hands them "
-        "back; raw = `loop.call_at` and `handle.cancel()` for the same delays:",
+        "Timer heap: N envelopes sent with delays spread over [100, 200) s (each an "
+        "entry in the queue's own timer heap, under one loop timer), then "
+        "`await q.terminate()` parks them all and hands them back; raw = `loop.call_at` "
+        "and `handle.cancel()` for the same delays:",
         "",
         *_table(
             [

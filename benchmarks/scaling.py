@@ -6,10 +6,10 @@ For each size N (1k … 1M in the full run):
   whole batch queued up front);
 * send cost: ``send(env)`` one at a time into a RUNNING queue whose one worker is busy,
   so all N stay READY (µs per envelope);
-* timers: N envelopes sent with delays spread over [100, 200) s, so each one is a
-  ``loop.call_at`` entry in the loop's timer heap (µs per send), then
-  ``await q.terminate()``, which cancels every timer and hands the envelopes back
-  (total ms); against raw ``loop.call_at`` + ``handle.cancel()`` for the same delays.
+* timers: N envelopes sent with delays spread over [100, 200) s, so each one is an
+  entry in the queue's timer heap (µs per send), then ``await q.terminate()``, which
+  parks them, clears the heap and hands the envelopes back (total ms); against raw
+  ``loop.call_at`` + ``handle.cancel()`` for the same delays.
 
 A size whose smaller neighbour predicts more than the budget (60 s) for one repetition
 is skipped with a note.

@@ -802,13 +802,13 @@ class Queue:
     # Admission
     # ----------------------------------------------------------------------------------
 
-    def _admit(self, items: Sequence[object], waiting: bool, buffer: bool = False) -> bool:
+    def _admit(self, items: Sequence[Envelope], waiting: bool, buffer: bool = False) -> bool:
         """Run send's checks and admit the batch (into the pre-start buffer when
         ``buffer``); False if a waiter must keep waiting."""
         if waiting:
             row = LIFECYCLE[(self._state, QueueCall.SEND)]
             if row.action is LifeAction.REJECT:
-                self._life(row, QueueCall.SEND, cast("Sequence[Envelope]", items))
+                self._life(row, QueueCall.SEND, items)
             buffer = row.action is LifeAction.BUFFER
         dedups = 0
         blacklist = self._blacklist
@@ -824,7 +824,7 @@ class Queue:
                     self._refuse(items)
                 dedups += 1
         # Usually every envelope is new and the batch is admitted as it came.
-        fresh = cast("Sequence[Envelope]", items)
+        fresh = items
         if dedups:
             fresh = [env for env in fresh if env._rec.owner is None]
         # A batch may name an envelope twice: the second is a dedup, found below as
