@@ -15,13 +15,45 @@ import datetime as dt
 import gc
 import sys
 import tracemalloc
+import types
 from collections import deque
 from dataclasses import dataclass
 
 import envq
 from benchmarks._core import Config, busy_queue, have, noop, sync_noop
 from benchmarks.oneoff import quiet_apscheduler
-from benchmarks.throughput import _function_at
+
+
+def _function_at(filename: str, lineno: int) -> str:
+    """The qualified name of the *loaded* function that owns ``filename:lineno`` (robust to
+    the file on disk having changed since import, unlike ``linecache``)."""
+    best: tuple[int, str] | None = None
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__file__", None) != filename:
+            continue
+        stack: list[object] = list(vars(mod).values())
+        seen: set[int] = set()
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, type) and obj.__module__ == mod.__name__:
+                stack.extend(vars(obj).values())
+            elif isinstance(obj, staticmethod | classmethod):
+                stack.append(obj.__func__)
+            elif isinstance(obj, property):
+                stack.extend((obj.fget, obj.fset))
+            elif isinstance(obj, types.FunctionType):
+                stack.append(obj.__code__)
+            elif isinstance(obj, types.CodeType) and obj.co_filename == filename:
+                lines = [line for _, _, line in obj.co_lines() if line is not None]
+                if lineno in lines:
+                    span = max(lines) - min(lines)
+                    if best is None or span < best[0]:
+                        best = (span, obj.co_qualname)
+                stack.extend(c for c in obj.co_consts if isinstance(c, types.CodeType))
+    return best[1] if best is not None else "?"
 
 
 @dataclass

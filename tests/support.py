@@ -77,7 +77,14 @@ async def running(**options: Any) -> AsyncIterator[tuple[envq.Queue, Recorder]]:
 
 
 def now() -> float:
+    """The running loop's (virtual) time."""
     return asyncio.get_running_loop().time()
+
+
+async def settle() -> None:
+    """Let every ready task run, without moving the clock."""
+    for _ in range(50):
+        await asyncio.sleep(0)
 
 
 async def noop(env: envq.Envelope) -> None:

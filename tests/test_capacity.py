@@ -10,6 +10,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import settle
 
 import envq
 from envq.testing import run
@@ -17,12 +18,6 @@ from envq.testing import run
 S = envq.EnvState
 LIVE = frozenset({S.BUFFERED, S.READY, S.DELAYED, S.RUNNING, S.PARKED})
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.RETURNED})
-
-
-async def settle() -> None:
-    """Let every ready task run, without moving the clock."""
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 async def noop(env: envq.Envelope) -> None:

@@ -8,6 +8,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import settle
 
 import envq
 from envq.testing import run
@@ -27,12 +28,6 @@ HIERARCHY: list[tuple[type[BaseException], tuple[type[BaseException], ...]]] = [
 ]
 CONTROL_SIGNALS: list[type[BaseException]] = [envq.StopEnvelope, envq.StopType, envq.DoNotRetry]
 NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:_"
-
-
-async def settle() -> None:
-    """Let every ready task run, without moving the clock."""
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 def gated(gate: asyncio.Event) -> envq.Envelope:

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
+from support import settle
 
 import envq
 
@@ -16,12 +17,6 @@ S = envq.EnvState
 Q = envq.QueueState
 OC = envq.Outcome
 LIVE = frozenset({S.BUFFERED, S.READY, S.DELAYED, S.RUNNING, S.PARKED})
-
-
-async def settle() -> None:
-    """Let every ready task run, without moving the clock."""
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 def now() -> float:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 import pytest
+from support import now, settle
 
 import envq
 from envq.testing import VirtualTimeLoop, advance
@@ -17,16 +18,6 @@ from envq.testing import VirtualTimeLoop, advance
 QS = envq.QueueState
 ES = envq.EnvState
 TERMINAL = frozenset({ES.SUCCEEDED, ES.FAILED, ES.STOPPED, ES.RETURNED})
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
-
-
-async def settle() -> None:
-    """Let every ready callback run without moving the clock."""
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 class Trace:

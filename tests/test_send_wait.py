@@ -8,17 +8,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import settle
 
 import envq
 from envq.testing import run
 
 S = envq.EnvState
-
-
-async def settle() -> None:
-    """Let every ready task run, without moving the clock."""
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 def now() -> float:

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
+from support import now, settle
 
 import envq
 from envq.testing import advance
@@ -17,16 +18,6 @@ QS = envq.QueueState
 ES = envq.EnvState
 DRAIN = envq.StopMode.DRAIN
 STOP = envq.StopMode.STOP
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
-
-
-async def settle() -> None:
-    """Let every ready callback run without moving the clock."""
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 class Trace:

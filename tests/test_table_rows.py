@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from support import now, settle
 
 import envq
 from envq import EnvState, Outcome, QueueState, StopMode
@@ -43,20 +44,10 @@ def no_internal_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     assert not bad, bad
 
 
-def now() -> float:
-    return asyncio.get_running_loop().time()
-
-
 async def within(aw: Awaitable[T], seconds: float = PATIENCE) -> T:
     """Await with a virtual-time bound: a mutant that hangs fails at once."""
     async with asyncio.timeout(seconds):
         return await aw
-
-
-async def settle() -> None:
-    """Let every ready callback run without moving the clock."""
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 async def advance(seconds: float) -> None:

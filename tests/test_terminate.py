@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import now, settle
 
 import envq
 from envq.testing import advance, run
@@ -20,16 +21,6 @@ ES = envq.EnvState
 DRAIN = envq.StopMode.DRAIN
 STOP = envq.StopMode.STOP
 TERMINAL = frozenset({ES.SUCCEEDED, ES.FAILED, ES.STOPPED, ES.RETURNED})
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
-
-
-async def settle() -> None:
-    """Let every ready callback run without moving the clock."""
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 Behaviour = str  # "ok", "fail", "stop", "no_retry", "retry"
