@@ -971,8 +971,10 @@ class Queue:
         to: EnvState,
         delay: float = 0.0,
         cause: BaseException | None = None,
+        at: float | None = None,
     ) -> None:
-        """Move ``env`` into state ``to`` and do that state's entry work.
+        """Move ``env`` into state ``to`` and do that state's entry work (DELAYED: due
+        ``delay`` seconds from now, or at loop time ``at`` when given).
 
         (An identity chain rather than ``match``: on Python 3.11 each ``case
         EnvState.X`` reads the member off the enum class, which is slow on this path.)
@@ -994,7 +996,7 @@ class Queue:
                     fut.set_result(True)
                     break
         elif to is _DELAYED:
-            due = rec.due = self._clock() + delay
+            due = rec.due = self._clock() + delay if at is None else at
             tick = rec.tick = self._ticks = self._ticks + 1
             self._armed += 1
             heappush(self._heap, (due, tick, env))
@@ -1080,19 +1082,23 @@ class Queue:
         to: EnvState,
         delay: float,
         cause: BaseException | None,
+        at: float | None = None,
     ) -> None:
         """Put ``env`` back (READY/DELAYED), or park it while the queue is not RUNNING.
 
-        A failure retry waits at least ``limiter.when(env)``; a READY retry that must
-        wait becomes DELAYED.
+        ``at``: the loop time ``delay`` stands for, when it is a grid point. A failure
+        retry waits at least ``limiter.when(env)``; a READY retry that must wait
+        becomes DELAYED.
         """
         if self.limiter is not None and outcome is not _OK and to in _REQUEUED:
-            delay = max(delay, self.limiter.when(env))
+            wait = self.limiter.when(env)
+            if wait > delay:
+                delay, at = wait, None
             if delay > 0 and to is _READY:
                 to = _DELAYED
         if self._state is not _RUNNING_Q:
             to = PARK_INSTEAD.get(to, to)
-        self._enter(env, rec, outcome, to, delay, cause)
+        self._enter(env, rec, outcome, to, delay, cause, at)
 
     # ----------------------------------------------------------------------------------
     # Workers and attempts
@@ -1321,15 +1327,17 @@ class Queue:
             return drop()
         return decision
 
-    def _next_run(self, env: Envelope, rec: _Rec) -> float:
-        """Seconds from now to the envelope's next periodic run."""
+    def _next_run(self, env: Envelope, rec: _Rec) -> tuple[float, float | None]:
+        """Seconds from now to the envelope's next periodic run, and for FIXED_RATE
+        the grid point itself (the loop time to be due at, so that the time spent
+        rescheduling is not added to the grid run after run)."""
         match env.schedule:
             case _Sched.FIXED_DELAY:
-                return env.interval
+                return env.interval, None
             case _Sched.FIXED_RATE:
                 now = self._clock()
-                slots = math.floor((now - rec.due) / env.interval) + 1
-                return rec.due + slots * env.interval - now
+                slot = rec.due + (math.floor((now - rec.due) / env.interval) + 1) * env.interval
+                return slot - now, slot
             case _:
                 assert_never(env.schedule)
 
@@ -1397,7 +1405,8 @@ class Queue:
         rec.failures = 0
         if self.limiter is not None:
             self.limiter.forget(env)
-        self._requeue(env, rec, outcome, row.target, self._next_run(env, rec), None)
+        delay, at = self._next_run(env, rec)
+        self._requeue(env, rec, outcome, row.target, delay, None, at)
 
     async def _decide_periodic(
         self,
@@ -1409,12 +1418,14 @@ class Queue:
     ) -> None:
         """Periodic failure: on_failure's decision if set, else the next interval."""
         rec.failures += 1
+        at: float | None = None
         if env.on_failure is None:
-            to, delay = row.target, self._next_run(env, rec)
+            to = row.target
+            delay, at = self._next_run(env, rec)
         else:
             decision = await self._on_failure(env, cause, rec.failures)
             to, delay = DECISION_TARGET[decision.kind], decision.delay
-        self._requeue(env, rec, outcome, to, delay, cause)
+        self._requeue(env, rec, outcome, to, delay, cause, at)
 
     async def _report_failure(
         self,

@@ -15,6 +15,7 @@ from support import Recorder, now, running
 
 import envq
 from envq import EnvState, Outcome
+from envq.testing import VirtualTimeLoop
 
 
 class Runs:
@@ -133,6 +134,41 @@ class TestFixedRate:
         async with running() as (q, rec):
             q.send(env)
             assert await runs.wait(rec, 3) == pytest.approx([0, 10, 20])
+
+
+class _CreepingClock(VirtualTimeLoop):
+    """A virtual-time loop whose clock also creeps 1 µs at every read, as a real clock
+    moves between two reads on the same step."""
+
+    def time(self) -> float:
+        self._now += 1e-6
+        return self._now
+
+
+class TestFixedRateDoesNotDrift:
+    def test_grid_holds_while_the_clock_moves_between_reads(self) -> None:
+        """2,000 FIXED_RATE runs stay on the grid of the first start: the time that
+        passes while a run is rescheduled is not added to the next slot (it would
+        accumulate, run after run)."""
+        starts: list[float] = []
+
+        async def tick(env: envq.Envelope) -> None:
+            starts.append(asyncio.get_running_loop().time())
+
+        async def main() -> None:
+            q = envq.Queue("q")
+            q.start()
+            q.send(envq.Envelope(invoke=tick, interval=1, schedule=envq.FIXED_RATE))
+            while len(starts) < 2000:
+                await asyncio.sleep(10)
+            await q.terminate()
+
+        with asyncio.Runner(loop_factory=_CreepingClock) as runner:
+            runner.run(main())
+        first = starts[0]
+        late = [start - (first + k) for k, start in enumerate(starts[:2000])]
+        assert max(late) < 1e-4, f"drifted {max(late) * 1e3:.3f} ms over 2,000 runs"
+        assert min(late) >= 0
 
 
 class TestPeriodicDecisions:
