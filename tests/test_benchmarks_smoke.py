@@ -48,3 +48,18 @@ def test_smoke_run_writes_markdown_and_png(tmp_path: Path) -> None:
         assert "![envq benchmarks](benchmarks.png)" in md
     else:
         assert not png.exists()
+
+
+def test_ab_runs_tree_against_a_revision() -> None:
+    """``python -m benchmarks.ab HEAD`` loads HEAD's envq as a second package and
+    measures both sides in one process (tiny sizes; no number is judged)."""
+    cmd = [sys.executable, "-m", "benchmarks.ab", "HEAD", "--n", "2000", "--reps", "1"]
+    cmd += ["--periodic", "200", "--window", "0.5"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert lines[1].startswith("HEAD: envq_rev from "), lines[:2]
+    assert str(ROOT / "envq") not in lines[1]
+    assert any(line.strip().startswith("tree ") and "× floor" in line for line in lines)
+    assert any(line.strip().startswith("HEAD ") and "× floor" in line for line in lines)
+    assert any(line.strip().startswith("raw call_at") for line in lines)
