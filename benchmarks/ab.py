@@ -18,8 +18,6 @@ prints medians; it judges nothing.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import datetime as dt
 import gc
 import importlib
 import io
@@ -38,7 +36,7 @@ from typing import Any
 
 import envq
 from benchmarks import periodic
-from benchmarks._core import INTERVAL, WORKERS, noop, run_async
+from benchmarks._core import WORKERS, noop, run_async
 from benchmarks.oneoff import floor_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,42 +75,6 @@ async def oneoff(mod: Any, envs: Sequence[Any]) -> tuple[float, float]:
     return (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6
 
 
-async def aligned(mod: Any, p: int, window: float) -> dict[str, float]:
-    """FIXED_RATE periodic, every envelope first due at the same instant (as section 3
-    of the suite): p99 lateness in ms and CPU seconds per second."""
-    loop = asyncio.get_running_loop()
-    grid = periodic._Grid()
-    record = grid.record
-
-    async def tick(env: Any) -> None:
-        record(loop.time(), env.payload)
-
-    wall0 = time.time() + 0.25 + p * 80e-6
-    skew = time.time() - loop.time()
-    nb = dt.datetime.fromtimestamp(wall0, dt.UTC)
-    anchor = nb.timestamp() - skew
-    envs = [
-        mod.Envelope(
-            invoke=tick,
-            interval=INTERVAL,
-            schedule=mod.FIXED_RATE,
-            not_before=nb,
-            payload=anchor,
-        )
-        for _ in range(p)
-    ]
-    grid.end = anchor + window
-    q = mod.Queue("ab_periodic", workers=WORKERS)
-    q.start()
-    try:
-        q.send(*envs)
-        gc.collect()
-        cpu = await periodic._observe(loop, anchor, grid.end)
-    finally:
-        await q.terminate()
-    return grid.metrics([anchor] * p, cpu, False)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__)
     parser.add_argument("rev", help="the git revision to compare the working tree with")
@@ -146,7 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 p99["raw call_at"].append(raw["p99"])
                 cpu["raw call_at"].append(raw["cpu"])
                 for name in order:
-                    m = run_async(partial(aligned, sides[name], args.periodic, args.window))
+                    mod = sides[name]
+                    m = run_async(
+                        partial(
+                            periodic.envq_periodic,
+                            args.periodic,
+                            args.window,
+                            False,
+                            schedule=mod.FIXED_RATE,
+                            mod=mod,
+                        )
+                    )
                     p99[name].append(m["p99"])
                     cpu[name].append(m["cpu"])
 

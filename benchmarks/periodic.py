@@ -148,7 +148,10 @@ async def envq_periodic(
     staggered: bool,
     schedule: envq.Schedule = envq.FIXED_RATE,
     prof: cProfile.Profile | None = None,
+    mod: Any = envq,
 ) -> Metrics:
+    """``mod``: the envq package to measure (``benchmarks.ab`` passes another
+    revision's; ``schedule`` must then be one of its members)."""
     loop = asyncio.get_running_loop()
     grid = _Grid()
     record = grid.record
@@ -166,13 +169,13 @@ async def envq_periodic(
         anchor = nb.timestamp() - skew
         anchors.append(anchor)
         envs.append(
-            envq.Envelope(
+            mod.Envelope(
                 invoke=tick, interval=INTERVAL, schedule=schedule, not_before=nb, payload=anchor
             )
         )
     start = anchors[0]
     grid.end = start + window
-    q = envq.Queue("periodic", workers=WORKERS)
+    q = mod.Queue("periodic", workers=WORKERS)
     q.start()
     try:
         q.send(*envs)
