@@ -309,11 +309,12 @@ class Queue:
         # under one loop timer for the earliest: tuples compare in C (the loop's heap
         # compares TimerHandles with a Python ``__lt__``), envelopes due together
         # become READY in one callback, and ties go in the order they were delayed.
-        # An entry is live while its envelope is DELAYED here with the same ``tick``;
-        # others are stale and skipped (``_armed`` counts the live ones).
+        # An entry is live while its envelope is here with the same ``tick`` (a rec's
+        # tick is non-zero exactly while it is DELAYED); others are stale, skipped when
+        # popped (``_stale`` counts them).
         self._heap: list[tuple[float, int, Envelope]] = []
         self._ticks = 0
-        self._armed = 0
+        self._stale = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._jobs: set[_ThreadJob] = set()
@@ -355,8 +356,7 @@ class Queue:
         loop = asyncio.get_running_loop()
         if self._loop is not None and self._loop is not loop:
             raise RuntimeError(f"queue {self.name!r} is bound to another event loop")
-        self._loop = loop
-        self._clock = loop.time
+        self._loop_()
         self._life(LIFECYCLE[(self._state, QueueCall.START)], QueueCall.START)
 
     def send(self, *envelopes: Envelope) -> None:
@@ -605,8 +605,7 @@ class Queue:
         cause: CancelCause | None = None,
     ) -> asyncio.Future[None] | None:
         """Perform a lifecycle row; return the future to await, if the call waits."""
-        if _machine.STRICT and row.action in _STAYS:
-            assert row.target is self._state, f"{row} must leave the state unchanged"
+        _check_stays(row, self._state)
         match row.action:
             case LifeAction.BUFFER | LifeAction.ADMIT:
                 self._admit(batch, False, row.action is LifeAction.BUFFER)
@@ -660,8 +659,7 @@ class Queue:
         """The SEND row of ``state``, cached by ``send()``'s fast path (which then skips
         ``_life``, so the strict self-loop check is made here)."""
         row = LIFECYCLE[(state, QueueCall.SEND)]
-        if _machine.STRICT and row.action in _STAYS:
-            assert row.target is state, f"{row} must leave the state unchanged"
+        _check_stays(row, state)
         return row
 
     def _arm_all(self, row: LifeRow) -> None:
@@ -998,7 +996,6 @@ class Queue:
         elif to is _DELAYED:
             due = rec.due = self._clock() + delay if at is None else at
             tick = rec.tick = self._ticks = self._ticks + 1
-            self._armed += 1
             heappush(self._heap, (due, tick, env))
             if due < self._timer_at:
                 self._arm_timer(due)
@@ -1041,34 +1038,37 @@ class Queue:
         limit = loop.time() + getattr(loop, "_clock_resolution", 0.0)
         while heap and heap[0][0] <= limit:
             _due, tick, env = heappop(heap)
-            rec = env._rec
-            if rec.tick != tick or env._rec.owner is not self or rec.state is not _DELAYED:
+            if not self._is_live(tick, env):
+                self._stale -= 1
                 continue
+            rec = env._rec
             rec.tick = 0
-            self._armed -= 1
             self._enter(env, rec, _DUE, _READY)
         if heap and self._timer is None:
             self._arm_timer(heap[0][0])
 
+    def _is_live(self, tick: int, env: Envelope) -> bool:
+        """Whether a heap entry is its envelope's current one in this queue."""
+        rec = env._rec
+        return rec.tick == tick and rec.owner is self
+
     def _disarm(self, rec: _Rec) -> None:
         """A DELAYED envelope leaves early: its heap entry goes stale. The heap is
-        rebuilt once stale entries outnumber the live ones (they hold envelopes)."""
+        rebuilt once stale entries outnumber the live ones by 64 (they hold
+        envelopes)."""
         rec.tick = 0
-        self._armed -= 1
+        self._stale += 1
         heap = self._heap
-        if len(heap) > 64 + 2 * self._armed:
-            heap[:] = [
-                entry
-                for entry in heap
-                if entry[2]._rec.tick == entry[1] and entry[2]._rec.owner is self
-            ]
+        if self._stale > 64 + (len(heap) - self._stale):
+            heap[:] = [entry for entry in heap if self._is_live(entry[1], entry[2])]
             heapify(heap)
+            self._stale = 0
             if not heap:
                 self._clear_timers()
 
     def _clear_timers(self) -> None:
         self._heap.clear()
-        self._armed = 0
+        self._stale = 0
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -1540,6 +1540,12 @@ def current_attempt() -> Attempt | None:
         if w.env is env:
             return Attempt(owner, env, env._rec.attempts, w.deadline_at)
     return None
+
+
+def _check_stays(row: LifeRow, state: QueueState) -> None:
+    """Under STRICT: a row whose action keeps the state must name it as its target."""
+    if _machine.STRICT and row.action in _STAYS:
+        assert row.target is state, f"{row} must leave the state unchanged"
 
 
 def _release(futures: Iterable[asyncio.Future[None]]) -> None:
