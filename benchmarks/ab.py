@@ -88,9 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rev_mod = load_revision(args.rev, Path(tmp))
         sides: dict[str, Any] = {"tree": envq, args.rev: rev_mod}
         print(f"tree: {envq.__file__}\n{args.rev}: {rev_mod.__name__} from {rev_mod.__file__}")
-        pools = {
-            name: [m.Envelope(invoke=noop) for _ in range(args.n)] for name, m in sides.items()
-        }
+        # Built interleaved, so that neither side's envelopes get the better memory
+        # layout by being built first.
+        pools: dict[str, list[Any]] = {name: [] for name in sides}
+        for _ in range(args.n):
+            for name, mod in sides.items():
+                pools[name].append(mod.Envelope(invoke=noop))
         floor: list[float] = []
         sends: dict[str, list[float]] = {name: [] for name in sides}
         runs: dict[str, list[float]] = {name: [] for name in sides}
