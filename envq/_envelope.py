@@ -56,11 +56,9 @@ class _Rec:
 
     __slots__ = (
         "attempts",
-        "base",
         "due",
         "failures",
         "kind",
-        "lead",
         "owner",
         "seq",
         "state",
@@ -71,10 +69,6 @@ class _Rec:
         #: The queue the envelope is live in (None when in none); set by the queue only.
         self.owner: Any = None
         self.state = EnvState.NEW
-        #: ONE_OFF or PERIODIC, from the envelope (``kind`` is reset to it on admission).
-        self.base = Kind.ONE_OFF
-        #: The delay before the first run; -1 when ``not_before`` must be consulted.
-        self.lead = 0.0
         self.kind = Kind.ONE_OFF
         self.seq = 0
         self.due = 0.0
@@ -217,9 +211,6 @@ class Envelope:
                 f"({self.interval!r} s) for a periodic envelope"
             )
         set_ = object.__setattr__
-        rec = self._rec
-        rec.base = Kind.PERIODIC if self.interval > 0 else Kind.ONE_OFF
-        rec.lead = self.delay if self.not_before is None else -1.0
         set_(self, "_async", is_async_callable(self.invoke))
         set_(
             self,

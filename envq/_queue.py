@@ -854,7 +854,7 @@ class Queue:
                 continue
             seq += 1
             rec.state = _NEW
-            rec.kind = rec.base
+            rec.kind = _PERIODIC if env.interval > 0 else _ONE_OFF
             rec.seq = seq
             rec.attempts = 0
             rec.failures = 0
@@ -863,7 +863,7 @@ class Queue:
             if buffer:
                 enter(env, rec, _EV_SEND, _BUFFERED)
             else:
-                delay = rec.lead if rec.lead >= 0 else self._first_delay(env)
+                delay = env.delay if env.not_before is None else self._first_delay(env)
                 enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
         self._seq = seq
         if dedups:
