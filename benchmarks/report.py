@@ -620,6 +620,19 @@ def _empty(a: Any) -> None:
     a.set_yticks([])
 
 
+def _against_n(a: Any, has_data: bool, ylabel: str, legend_size: int) -> None:
+    """Finish a panel plotted against N queued (log scale), or mark it not run."""
+    if not has_data:
+        _empty(a)
+    else:
+        a.set_xscale("log")
+    a.set_ylim(bottom=0)
+    a.set_xlabel("N queued", fontsize=9)
+    a.set_ylabel(ylabel, fontsize=9)
+    a.legend(fontsize=legend_size)
+    a.grid(alpha=0.3)
+
+
 def plot(res: Results, path: Path) -> None:
     import matplotlib  # noqa: PLC0415 - the optional extra, on demand
 
@@ -752,15 +765,7 @@ def plot(res: Results, path: Path) -> None:
     for kind, label, color in (("floor", "floor", "#7f7f7f"), ("envq", "envq", "#d62728")):
         xs, ys = series(kind, "rate")
         a.plot(xs, ys, "o-", label=label, color=color)
-    if not series("envq", "rate")[0]:
-        _empty(a)
-    else:
-        a.set_xscale("log")
-    a.set_ylim(bottom=0)
-    a.set_xlabel("N queued", fontsize=9)
-    a.set_ylabel("items/s", fontsize=9)
-    a.legend(fontsize=8)
-    a.grid(alpha=0.3)
+    _against_n(a, bool(series("envq", "rate")[0]), "items/s", 8)
 
     a = ax[6]
     for kind, metric, label, style in (
@@ -774,15 +779,8 @@ def plot(res: Results, path: Path) -> None:
         a.plot(xs, ys, style, label=label)
     a.axhline(TARGET_SEND_US, color="k", ls=":", lw=1, label="send target 1 µs")
     a.set_title("5. Cost per envelope vs queued", fontsize=10)
-    if not series("send", "us")[0] and not series("timers", "send_us")[0]:
-        _empty(a)
-    else:
-        a.set_xscale("log")
-    a.set_ylim(bottom=0)
-    a.set_xlabel("N queued", fontsize=9)
-    a.set_ylabel("µs", fontsize=9)
-    a.legend(fontsize=7)
-    a.grid(alpha=0.3)
+    has_data = bool(series("send", "us")[0] or series("timers", "send_us")[0])
+    _against_n(a, has_data, "µs", 7)
 
     a = ax[7]
     targets_ = targets(res)
