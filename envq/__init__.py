@@ -33,6 +33,7 @@ from envq._envelope import Envelope, FailureHook, Invoke, Invoker, Stamp
 from envq._errors import (
     AlreadyComplete,
     BadEnvelope,
+    BadEnvelopeType,
     BadIntervals,
     CapacityExceeded,
     DoNotRetry,
@@ -87,6 +88,7 @@ __all__ = [
     "Attempt",
     "BackgroundQueue",
     "BadEnvelope",
+    "BadEnvelopeType",
     "BadIntervals",
     "CapacityExceeded",
     "Decision",

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, TypeAlias, cast
 
 import attrs
 
-from envq._errors import BadEnvelope, BadIntervals
+from envq import _checks
+from envq._checks import is_async_callable
+from envq._errors import BadEnvelope, BadEnvelopeType, BadIntervals
 from envq._machine import EnvState, Kind
-from envq._values import Decision, Retry, Schedule, _finite_seconds
+from envq._values import Decision, Retry, Schedule
 
 __all__ = [
     "AfterHook",
@@ -78,79 +79,75 @@ class _Rec:
         self.failures = 0
 
 
-def is_async_callable(fn: object) -> bool:
-    """Whether calling ``fn`` returns a coroutine (``async def``, a partial of one, or an
-    object whose ``__call__`` is ``async def``)."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - we want the bound __call__, not callable()
+# Every field check raises BadEnvelopeType (a BadEnvelope and a TypeError) for a value
+# of the wrong type and BadEnvelope (a ValueError) for a wrong value.
+
+
+def _seconds_field(what: str, value: object) -> float:
+    return _checks.seconds(
+        what, value, timedelta=True, type_error=BadEnvelopeType, value_error=BadEnvelope
     )
 
 
-def _seconds(field: str, value: object) -> float:
-    if isinstance(value, dt.timedelta):
-        value = value.total_seconds()
-    return _finite_seconds(field, value)
+def _interval(value: float | dt.timedelta) -> float:
+    return _seconds_field("Envelope: interval", value)
 
 
-def _interval(value: object) -> float:
-    return _seconds("interval", value)
+def _deadline(value: float | dt.timedelta) -> float:
+    return _seconds_field("Envelope: deadline", value)
 
 
-def _deadline(value: object) -> float:
-    return _seconds("deadline", value)
-
-
-def _delay(value: object) -> float:
-    return _seconds("delay", value)
+def _delay(value: float | dt.timedelta) -> float:
+    return _seconds_field("Envelope: delay", value)
 
 
 def _callable_or_none(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not callable(value):
-        raise BadEnvelope(f"{attr.alias} must be callable or None, got {value!r}")
+    if value is not None:
+        _checks.callable_(f"Envelope: {attr.alias}", value, type_error=BadEnvelopeType)
 
 
 def _check_invoke(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is None or not callable(value):
-        raise BadEnvelope(f"invoke is required and must be callable, got {value!r}")
-
-
-def _check_stamps(value: object) -> tuple[Stamp, ...]:
     if value is None:
-        return ()
-    if not isinstance(value, Iterable) or isinstance(value, str | bytes):
-        raise BadEnvelope(f"stamps must be a sequence of callables, got {value!r}")
-    stamps = tuple(value)
-    for stamp in stamps:
-        if not callable(stamp):
-            raise BadEnvelope(f"stamps must contain callables only, got {stamp!r}")
-    return stamps
+        raise BadEnvelopeType("Envelope: invoke is required: a callable (env) -> None, got None")
+    _checks.callable_("Envelope: invoke", value, type_error=BadEnvelopeType)
+
+
+def _stamps(value: Iterable[Stamp] | None) -> tuple[Stamp, ...]:
+    return _checks.stamps("Envelope: stamps", value, type_error=BadEnvelopeType)
 
 
 def _check_type(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str):
-        raise BadEnvelope(f"type must be a str, got {value!r}")
+    _checks.instance("Envelope: type", value, str, want="a str", type_error=BadEnvelopeType)
 
 
 def _check_id(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, Hashable):
-        raise BadEnvelope(f"id must be hashable, got {value!r}")
+    _checks.hashable("Envelope: id", value, type_error=BadEnvelopeType)
 
 
 def _check_retry(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not isinstance(value, Retry):
-        raise BadEnvelope(f"retry must be an envq.Retry or None, got {value!r}")
+    if value is not None:
+        _checks.instance(
+            "Envelope: retry",
+            value,
+            Retry,
+            want="an envq.Retry or None",
+            type_error=BadEnvelopeType,
+        )
 
 
 def _check_schedule(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, Schedule):
-        raise BadEnvelope(f"schedule must be envq.FIXED_DELAY or envq.FIXED_RATE, got {value!r}")
+        raise BadEnvelopeType(
+            "Envelope: schedule must be envq.FIXED_DELAY or envq.FIXED_RATE, "
+            f"got {_checks.show(value)}"
+        )
 
 
 def _check_not_before(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if not isinstance(value, dt.datetime) or value.utcoffset() is None:
-        raise BadEnvelope(f"not_before must be an aware datetime or None, got {value!r}")
+    if value is not None:
+        _checks.aware_datetime(
+            "Envelope: not_before", value, type_error=BadEnvelopeType, value_error=BadEnvelope
+        )
 
 
 @attrs.define(eq=False, kw_only=True, repr=False, on_setattr=attrs.setters.frozen)
@@ -192,7 +189,7 @@ class Envelope:
     after: AfterHook | None = attrs.field(default=None, validator=_callable_or_none)
     on_failure: FailureHook | None = attrs.field(default=None, validator=_callable_or_none)
     on_success: SuccessHook | None = attrs.field(default=None, validator=_callable_or_none)
-    stamps: tuple[Stamp, ...] = attrs.field(default=(), converter=_check_stamps)
+    stamps: tuple[Stamp, ...] = attrs.field(default=(), converter=_stamps)
     #: User data carried by the envelope; the only field that may be replaced at any time.
     payload: Any = attrs.field(default=None, on_setattr=attrs.setters.NO_OP)
     retry: Retry | None = attrs.field(default=None, validator=_check_retry)
@@ -224,11 +221,18 @@ class Envelope:
         return self.interval > 0
 
     def evolve(self, **changes: Any) -> Envelope:
-        """A validated copy of this envelope with ``changes`` applied (a new identity)."""
-        try:
-            return attrs.evolve(self, **changes)
-        except TypeError as exc:
-            raise BadEnvelope(f"evolve: {exc}") from None
+        """A validated copy of this envelope with ``changes`` applied (a new identity).
+
+        :raises BadEnvelopeType: an unknown field, or a field of the wrong type.
+        :raises BadEnvelope: a field with a wrong value.
+        """
+        unknown = changes.keys() - _FIELDS
+        if unknown:
+            raise BadEnvelopeType(
+                f"Envelope.evolve: no field named {', '.join(map(repr, sorted(unknown)))}; "
+                f"the fields are {', '.join(sorted(_FIELDS))}"
+            )
+        return attrs.evolve(self, **changes)
 
     def label(self) -> str:
         """``type/id`` for messages and logs."""
@@ -237,3 +241,7 @@ class Envelope:
     def __repr__(self) -> str:
         kind = f"every {self.interval:g}s" if self.interval > 0 else "one-off"
         return f"<Envelope {self.label()} {kind}>"
+
+
+#: The fields ``Envelope(...)`` and ``evolve(...)`` take.
+_FIELDS: frozenset[str] = frozenset(a.alias for a in attrs.fields(Envelope) if a.init and a.alias)

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AlreadyComplete",
     "BadEnvelope",
+    "BadEnvelopeType",
     "BadIntervals",
     "CapacityExceeded",
     "DoNotRetry",
@@ -34,7 +35,17 @@ class BadEnvelope(EnvqError, ValueError):
 
     Raised at construction (the message names the field and the value) and by
     ``send()`` for something that is not an envelope or an envelope live in another
-    queue.
+    queue. A field of the wrong *type* raises the subclass :class:`BadEnvelopeType`.
+    """
+
+
+class BadEnvelopeType(BadEnvelope, TypeError):
+    """An envelope's field has a value of the wrong type (``invoke=3``,
+    ``interval="3"``, ``type=5``, a missing ``invoke``...).
+
+    Both a :class:`BadEnvelope` and a ``TypeError``, so either ``except`` catches it.
+    A field of the right type with a wrong value (negative, NaN, too large...) raises
+    plain :class:`BadEnvelope`.
     """
 
 

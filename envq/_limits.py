@@ -28,7 +28,9 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
+
+from envq import _checks
 
 __all__ = [
     "ExponentialBackoff",
@@ -57,23 +59,15 @@ class RateLimiter(Protocol):
         ...
 
 
+#: The largest ``TokenBucket.burst``: the bucket counts tokens in a float, exact up to 2**53.
+_MAX_BURST: Final = 2**53
+
+
 def _loop_clock() -> float:
     try:
         return asyncio.get_running_loop().time()
     except RuntimeError:
         return time.monotonic()
-
-
-def _seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if math.isnan(v) or math.isinf(v) or v < 0 or (v == 0 and not allow_zero):
-        raise ValueError(
-            f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} "
-            f"number, got {value!r}"
-        )
-    return v
 
 
 def capped_exponential(base: float, exponent: int, cap: float) -> float:
@@ -103,10 +97,14 @@ class TokenBucket:
     def __init__(
         self, rate: float, burst: int = 1, *, clock: Callable[[], float] | None = None
     ) -> None:
-        self.rate = _seconds("TokenBucket.rate", rate)
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-            raise ValueError(f"TokenBucket.burst must be an int >= 1, got {burst!r}")
-        self.burst = burst
+        self.rate = _checks.finite("TokenBucket: rate", rate)
+        if not self.rate > 0:
+            raise ValueError(
+                f"TokenBucket: rate must be a positive number, got {_checks.show(rate)}"
+            )
+        self.burst = _checks.integer("TokenBucket: burst", burst, minimum=1, maximum=_MAX_BURST)
+        if clock is not None:
+            _checks.plain_callable("TokenBucket: clock", clock, "the bucket reads it synchronously")
         self._clock = clock or _loop_clock
         self._tokens = float(burst)
         self._last: float | None = None
@@ -145,8 +143,8 @@ class ExponentialBackoff:
     """
 
     def __init__(self, base: float = 0.005, cap: float = 1000.0) -> None:
-        self.base = _seconds("ExponentialBackoff.base", base)
-        self.cap = _seconds("ExponentialBackoff.cap", cap)
+        self.base = _checks.seconds("ExponentialBackoff: base", base, positive=True)
+        self.cap = _checks.seconds("ExponentialBackoff: cap", cap, positive=True)
         self._failures: dict[object, int] = {}
 
     def __repr__(self) -> str:
@@ -179,15 +177,9 @@ class FastSlow:
     """
 
     def __init__(self, fast: float, slow: float, fast_attempts: int) -> None:
-        self.fast = _seconds("FastSlow.fast", fast, allow_zero=True)
-        self.slow = _seconds("FastSlow.slow", slow, allow_zero=True)
-        if (
-            isinstance(fast_attempts, bool)
-            or not isinstance(fast_attempts, int)
-            or fast_attempts < 0
-        ):
-            raise ValueError(f"FastSlow.fast_attempts must be an int >= 0, got {fast_attempts!r}")
-        self.fast_attempts = fast_attempts
+        self.fast = _checks.seconds("FastSlow: fast", fast)
+        self.slow = _checks.seconds("FastSlow: slow", slow)
+        self.fast_attempts = _checks.integer("FastSlow: fast_attempts", fast_attempts, minimum=0)
         self._failures: dict[object, int] = {}
 
     def __repr__(self) -> str:
@@ -222,10 +214,9 @@ class MaxOf:
 
     def __init__(self, *limiters: RateLimiter) -> None:
         if not limiters:
-            raise ValueError("MaxOf needs at least one limiter")
-        for lim in limiters:
-            if not isinstance(lim, RateLimiter):
-                raise ValueError(f"MaxOf: {lim!r} has no when/forget/retries")
+            raise ValueError("MaxOf needs at least one limiter, got none")
+        for i, lim in enumerate(limiters):
+            _checks.limiter(f"MaxOf: limiters[{i}]", lim)
         self.limiters: tuple[RateLimiter, ...] = limiters
 
     def __repr__(self) -> str:

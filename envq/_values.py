@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from envq._errors import BadEnvelope
+from envq import _checks
 from envq._limits import capped_exponential
 from envq._machine import DecisionKind, EnvState, Outcome, QueueState, _Enum
 
@@ -58,16 +57,6 @@ FIXED_DELAY: Final = Schedule.FIXED_DELAY
 FIXED_RATE: Final = Schedule.FIXED_RATE
 
 
-def _finite_seconds(field: str, value: object, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadEnvelope(f"{field} must be a number of seconds, got {value!r}")
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0 or (positive and seconds == 0):
-        want = "positive" if positive else "non-negative"
-        raise BadEnvelope(f"{field} must be a finite {want} number of seconds, got {value!r}")
-    return seconds
-
-
 @attrs.frozen
 class Decision:
     """What ``on_failure`` decided for a failed attempt.
@@ -95,24 +84,33 @@ def retry_now() -> Decision:
 
 
 def retry_after(seconds: float) -> Decision:
-    """Decide to retry after ``seconds``; a non-positive value means 1 s (as in the seed)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or math.isnan(seconds):
-        raise ValueError(f"retry_after: seconds must be a number, got {seconds!r}")
-    if math.isinf(seconds):
-        raise ValueError(f"retry_after: seconds must be finite, got {seconds!r}")
-    return Decision(DecisionKind.RETRY_AFTER, float(seconds) if seconds > 0 else 1.0)
+    """Decide to retry after ``seconds``; a non-positive value means 1 s (as in the seed).
+
+    :raises TypeError: ``seconds`` is not a number (a bool or a str is not).
+    :raises ValueError: ``seconds`` is NaN, infinite or too large for a float.
+    """
+    delay = _checks.finite("retry_after: seconds", seconds)
+    return Decision(DecisionKind.RETRY_AFTER, delay if delay > 0 else 1.0)
 
 
-def _check_attempts(_inst: object, _attr: object, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
-        raise ValueError(f"Retry.attempts must be a positive int or -1 (unlimited), got {value!r}")
+def _attempts(value: int) -> int:
+    return _checks.integer("Retry: attempts", value, minimum=1, unlimited=True)
 
 
-def _check_seconds(inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    try:
-        _finite_seconds(f"Retry.{attr.name}", value)
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
+def _base(value: float) -> float:
+    return _checks.seconds("Retry: base", value)
+
+
+def _cap(value: float) -> float:
+    return _checks.seconds("Retry: cap", value)
+
+
+def _jitter(value: bool) -> bool:
+    return _checks.flag("Retry: jitter", value)
+
+
+def _check_rng(_inst: object, _attr: object, value: object) -> None:
+    _checks.instance("Retry: rng", value, random.Random, want="a random.Random")
 
 
 #: The default RNG for jitter; register it with Hypothesis so failures replay.
@@ -128,11 +126,13 @@ class Retry:
     is a uniform draw from ``[d/2, d]`` using ``rng`` (injectable for determinism).
     """
 
-    attempts: int = attrs.field(default=3, validator=_check_attempts)
-    base: float = attrs.field(default=1.0, converter=float, validator=_check_seconds)
-    cap: float = attrs.field(default=1800.0, converter=float, validator=_check_seconds)
-    jitter: bool = True
-    rng: random.Random = attrs.field(default=default_rng, eq=False, repr=False)
+    attempts: int = attrs.field(default=3, converter=_attempts)
+    base: float = attrs.field(default=1.0, converter=_base)
+    cap: float = attrs.field(default=1800.0, converter=_cap)
+    jitter: bool = attrs.field(default=True, converter=_jitter)
+    rng: random.Random = attrs.field(
+        default=default_rng, eq=False, repr=False, validator=_check_rng
+    )
 
     def allows(self, attempt: int) -> bool:
         """Whether another attempt may follow failed attempt number ``attempt`` (1-based)."""
@@ -148,17 +148,15 @@ class Retry:
         return d
 
 
-def _check_fraction(_inst: object, _attr: object, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-        raise ValueError(f"HookTimeout.fraction must be in (0, 1], got {value!r}")
+def _fraction(value: float) -> float:
+    fraction = _checks.finite("HookTimeout: fraction", value)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"HookTimeout: fraction must be in (0, 1], got {_checks.show(value)}")
+    return fraction
 
 
-def _check_floor(_inst: object, _attr: object, value: float | None) -> None:
-    if value is not None:
-        try:
-            _finite_seconds("HookTimeout.floor", value)
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
+def _floor(value: float | None) -> float | None:
+    return None if value is None else _checks.seconds("HookTimeout: floor", value)
 
 
 @attrs.frozen
@@ -169,8 +167,8 @@ class HookTimeout:
     means no budget.
     """
 
-    fraction: float = attrs.field(default=0.5, validator=_check_fraction)
-    floor: float | None = attrs.field(default=0.8, validator=_check_floor)
+    fraction: float = attrs.field(default=0.5, converter=_fraction)
+    floor: float | None = attrs.field(default=0.8, converter=_floor)
 
     def budget(self, deadline: float) -> float | None:
         """The budget for a hook of an envelope with this ``deadline`` (None: unbounded)."""

@@ -47,6 +47,7 @@ REQUIRED = {
 ERRORS = [
     "EnvqError",
     "BadEnvelope",
+    "BadEnvelopeType",
     "BadIntervals",
     "CapacityExceeded",
     "QueueNotRunning",

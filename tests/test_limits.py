@@ -134,11 +134,17 @@ class TestExponentialBackoff:
         assert last == 30
 
     @pytest.mark.parametrize(
-        ("base", "cap"), [(0, 1), (-1, 1), (math.nan, 1), (1, math.inf), (1, 0), ("1", 2)]
+        ("base", "cap"), [(0, 1), (-1, 1), (math.nan, 1), (1, math.inf), (1, 0), (10**400, 1)]
     )
     def test_bad_values(self, base: Any, cap: Any) -> None:
-        """A non-positive, infinite, NaN or non-numeric base or cap raises ValueError."""
+        """A non-positive, infinite, NaN or too large base or cap raises ValueError."""
         with pytest.raises(ValueError, match="ExponentialBackoff"):
+            envq.ExponentialBackoff(base, cap)
+
+    @pytest.mark.parametrize(("base", "cap"), [("1", 2), (True, 2), (1, None)])
+    def test_bad_types(self, base: Any, cap: Any) -> None:
+        """A base or cap that is not a number (a str, a bool, None) raises TypeError."""
+        with pytest.raises(TypeError, match="ExponentialBackoff"):
             envq.ExponentialBackoff(base, cap)
 
 
@@ -211,11 +217,18 @@ class TestTokenBucket:
         assert [lim.when() for _ in range(5)] == pytest.approx([0, 0, 0, 0, 0.5])
 
     @pytest.mark.parametrize(
-        ("rate", "burst"), [(0, 1), (-1, 1), (math.inf, 1), (1, 0), (1, 1.5), (1, True)]
+        ("rate", "burst"), [(0, 1), (-1, 1), (math.inf, 1), (math.nan, 1), (1, 0), (1, 10**400)]
     )
     def test_bad_values(self, rate: Any, burst: Any) -> None:
-        """A non-positive or infinite rate, or a burst that is not an int ≥ 1, raises ValueError."""
+        """A non-positive, NaN or infinite rate, or a burst < 1 or beyond a float's exact
+        range, raises ValueError."""
         with pytest.raises(ValueError, match="TokenBucket"):
+            envq.TokenBucket(rate, burst)
+
+    @pytest.mark.parametrize(("rate", "burst"), [("5", 1), (1, 1.5), (1, True), (None, 1)])
+    def test_bad_types(self, rate: Any, burst: Any) -> None:
+        """A rate that is not a number, or a burst that is not an int, raises TypeError."""
+        with pytest.raises(TypeError, match="TokenBucket"):
             envq.TokenBucket(rate, burst)
 
 
@@ -242,12 +255,16 @@ class TestFastSlow:
         lim = envq.FastSlow(fast=1, slow=9, fast_attempts=0)
         assert [lim.when("a") for _ in range(3)] == [9, 9, 9]
 
-    @pytest.mark.parametrize(
-        ("fast", "slow", "n"), [(-1, 1, 1), (1, math.nan, 1), (1, 2, -1), (1, 2, 1.0)]
-    )
+    @pytest.mark.parametrize(("fast", "slow", "n"), [(-1, 1, 1), (1, math.nan, 1), (1, 2, -1)])
     def test_bad_values(self, fast: Any, slow: Any, n: Any) -> None:
-        """Negative or NaN delays and a fast_attempts that is not an int ≥ 0 raise ValueError."""
+        """Negative or NaN delays and a negative fast_attempts raise ValueError."""
         with pytest.raises(ValueError, match="FastSlow"):
+            envq.FastSlow(fast, slow, n)
+
+    @pytest.mark.parametrize(("fast", "slow", "n"), [("1", 1, 1), (1, 2, 1.0), (1, 2, False)])
+    def test_bad_types(self, fast: Any, slow: Any, n: Any) -> None:
+        """A delay that is not a number or a fast_attempts that is not an int raise TypeError."""
+        with pytest.raises(TypeError, match="FastSlow"):
             envq.FastSlow(fast, slow, n)
 
 
@@ -281,11 +298,14 @@ class TestMaxOf:
         assert exp.retries("a") == fs.retries("a") == lim.retries("a") == 0
 
     def test_needs_limiters(self) -> None:
-        """MaxOf() with nothing, or with something that is not a limiter, raises ValueError."""
+        """MaxOf() with nothing raises ValueError; with something that is not a limiter
+        instance (a class included), TypeError."""
         with pytest.raises(ValueError, match="at least one"):
             envq.MaxOf()
-        with pytest.raises(ValueError, match="when/forget/retries"):
+        with pytest.raises(TypeError, match="when/forget/retries"):
             envq.MaxOf(envq.ExponentialBackoff(), object())  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="instance"):
+            envq.MaxOf(envq.TokenBucket)  # type: ignore[arg-type]
 
     def test_is_a_rate_limiter(self) -> None:
         """Every limiter, MaxOf and FastSlow included, satisfies the RateLimiter protocol."""
@@ -383,15 +403,33 @@ class TestRetry:
         [
             {"attempts": 0},
             {"attempts": -2},
-            {"attempts": True},
             {"base": -1},
             {"cap": math.nan},
             {"cap": math.inf},
+            {"cap": 10**400},
         ],
     )
     def test_bad_values(self, kwargs: dict[str, Any]) -> None:
         """Bad attempts, base or cap raise ValueError naming the field."""
         with pytest.raises(ValueError, match="Retry"):
+            envq.Retry(**kwargs)
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            {"attempts": True},
+            {"attempts": 2.0},
+            {"base": "1"},
+            {"cap": True},
+            {"jitter": "no"},
+            {"jitter": None},
+            {"rng": 42},
+        ],
+    )
+    def test_bad_types(self, kwargs: dict[str, Any]) -> None:
+        """Values of the wrong type raise TypeError naming the field; nothing is coerced
+        (``base="1"`` is not 1, ``jitter="no"`` is not True)."""
+        with pytest.raises(TypeError, match="Retry"):
             envq.Retry(**kwargs)
 
     async def test_unlimited_in_a_queue(self) -> None:
