@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
 from typing import Any, Final
 
+from envq import _checks
 from envq._errors import BadEnvelope, QueueShuttingDown
 from envq._limits import RateLimiter
 from envq._tasks import _INSIDE, Task, TaskFn, TaskQueue
@@ -68,6 +69,20 @@ class BackgroundQueue:
         threads: int | None = None,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
     ) -> None:
+        _checks.name("BackgroundQueue: name", name)
+        where = f"BackgroundQueue {name!r}:"
+        _checks.integer(f"{where} workers", workers, minimum=1)
+        for label, lim in (("rate", rate), ("limiter", limiter)):
+            if lim is not None:
+                _checks.limiter(f"{where} {label}", lim)
+        if threads is not None:
+            _checks.integer(f"{where} threads", threads, minimum=1)
+        if loop_factory is not None:
+            _checks.plain_callable(
+                f"{where} loop_factory",
+                loop_factory,
+                "it is called synchronously to make the thread's event loop",
+            )
         #: The task queue the thread runs.
         self.tasks: Final = TaskQueue(
             name, workers=workers, rate=rate, limiter=limiter, threads=threads
@@ -143,6 +158,7 @@ class BackgroundQueue:
             and the shutdown carries on in the background.
         :raises RuntimeError: from the queue's own thread or one of its tasks.
         """
+        timeout = _checks.timeout(f"task queue {self.name!r}: shutdown() timeout", timeout)
         self._check_outside()
         deadline = None if timeout is None else time.monotonic() + timeout
         self._begin_shutdown().result(timeout)
@@ -357,6 +373,13 @@ def shutdown(*queues: TaskQueue | BackgroundQueue, timeout: float | None = None)
     :raises RuntimeError: in plain code, for a :class:`TaskQueue` whose loop is not
         running in another thread.
     """
+    timeout = _checks.timeout("shutdown: timeout", timeout)
+    for i, q in enumerate(queues):
+        if not isinstance(q, TaskQueue | BackgroundQueue):
+            raise TypeError(
+                f"shutdown: queues[{i}] must be a TaskQueue or a BackgroundQueue, "
+                f"got {_checks.show(q)}"
+            )
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

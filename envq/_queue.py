@@ -28,7 +28,7 @@ from heapq import heapify, heappop, heappush
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, NoReturn, assert_never, cast
 
-from envq import _machine
+from envq import _checks, _machine
 from envq._envelope import Envelope, Invoker, Stamp, _Rec, is_async_callable
 from envq._errors import (
     BadEnvelope,
@@ -236,38 +236,28 @@ class Queue:
         capacity: int = 0,
         stop_mode: StopMode = StopMode.DRAIN,
         wait: bool = True,
-        stamps: Iterable[Stamp] = (),
+        stamps: Iterable[Stamp] | None = (),
         rate: RateLimiter | None = None,
         limiter: RateLimiter | None = None,
         dead_letter: DeadLetter | None = None,
         hook_timeout: HookTimeout = HookTimeout(),  # noqa: B008 - frozen value
         threads: int | None = None,
     ) -> None:
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"Queue name must match [a-zA-Z0-9:_]+, got {name!r}")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"Queue {name!r}: workers must be an int > 0, got {workers!r}")
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-            raise ValueError(f"Queue {name!r}: capacity must be an int >= 0, got {capacity!r}")
-        if not isinstance(stop_mode, StopMode):
-            raise ValueError(f"Queue {name!r}: stop_mode must be a StopMode, got {stop_mode!r}")
-        if not isinstance(hook_timeout, HookTimeout):
-            raise ValueError(
-                f"Queue {name!r}: hook_timeout must be a HookTimeout, got {hook_timeout!r}"
-            )
-        if threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-        ):
-            raise ValueError(f"Queue {name!r}: threads must be an int > 0, got {threads!r}")
-        stamps = tuple(stamps)
-        for stamp in stamps:
-            if not callable(stamp):
-                raise ValueError(f"Queue {name!r}: stamps must be callables, got {stamp!r}")
+        _checks.name("Queue: name", name)
+        where = f"Queue {name!r}:"
+        _checks.integer(f"{where} workers", workers, minimum=1)
+        _checks.integer(f"{where} capacity", capacity, minimum=0)
+        _checks.member(f"{where} stop_mode", stop_mode, StopMode)
+        _checks.flag(f"{where} wait", wait)
+        stamps = _checks.stamps(f"{where} stamps", stamps)
         for label, lim in (("rate", rate), ("limiter", limiter)):
-            if lim is not None and not isinstance(lim, RateLimiter):
-                raise ValueError(
-                    f"Queue {name!r}: {label} must have when/forget/retries, got {lim!r}"
-                )
+            if lim is not None:
+                _checks.limiter(f"{where} {label}", lim)
+        if dead_letter is not None:
+            _checks.callable_(f"{where} dead_letter", dead_letter)
+        _checks.instance(f"{where} hook_timeout", hook_timeout, HookTimeout)
+        if threads is not None:
+            _checks.integer(f"{where} threads", threads, minimum=1)
         self.name: Final = name
         self.workers: Final = workers
         self.capacity: Final = capacity
@@ -276,8 +266,6 @@ class Queue:
         self.stamps: Final[tuple[Stamp, ...]] = stamps
         self.rate: Final = rate
         self.limiter: Final = limiter
-        if dead_letter is not None and not callable(dead_letter):
-            raise ValueError(f"Queue {name!r}: dead_letter must be callable, got {dead_letter!r}")
         self.dead_letter: Final = dead_letter
         self._dead_async = dead_letter is not None and is_async_callable(dead_letter)
         self._empty_waiters: list[asyncio.Future[None]] = []
@@ -392,6 +380,8 @@ class Queue:
         :raises CapacityExceeded: on ``timeout``, or at once for a batch larger than
             the capacity.
         """
+        if timeout is not None:
+            timeout = _checks.timeout(f"queue {self.name!r}: send_wait() timeout", timeout)
         batch = tuple(envelopes)
         if not self._waiters and self._admit(batch, True):
             return
@@ -441,9 +431,10 @@ class Queue:
         A no-op stop returns the last final report. Called from inside one of the
         queue's attempts, it spares the caller and returns at once.
         """
-        mode = self.stop_mode if mode is None else mode
-        if not isinstance(mode, StopMode):
-            raise ValueError(f"queue {self.name!r}: stop mode must be a StopMode, got {mode!r}")
+        where = f"queue {self.name!r}: stop()"
+        mode = self.stop_mode if mode is None else _checks.member(f"{where} mode", mode, StopMode)
+        _checks.flag(f"{where} cancel", cancel)
+        _checks.optional_flag(f"{where} wait", wait)
         if cancel and mode is StopMode.DRAIN:
             raise ValueError(
                 f"queue {self.name!r}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)"
@@ -540,8 +531,12 @@ class Queue:
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every state change; returns an unsubscribe
         function. A listener that raises is logged and never breaks the queue."""
-        if not callable(listener):
-            raise ValueError(f"queue {self.name!r}: listener must be callable, got {listener!r}")
+        _checks.plain_callable(
+            f"queue {self.name!r}: subscribe() listener",
+            listener,
+            "listeners are called synchronously on the queue's loop, so an async def "
+            "one's coroutine would never be awaited; start a task from a plain listener",
+        )
         self._listeners.append(listener)
         self._observed = True
 

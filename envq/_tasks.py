@@ -25,7 +25,6 @@ import datetime as dt
 import functools
 import inspect
 import logging
-import math
 import random
 import sys
 import threading
@@ -34,6 +33,7 @@ from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import Any, Final
 
+from envq import _checks
 from envq._envelope import Envelope, is_async_callable
 from envq._errors import AlreadyComplete, BadEnvelope, EnvqError, QueueShuttingDown
 from envq._limits import RateLimiter
@@ -66,18 +66,6 @@ _TERMINAL: Final = frozenset(
 _BUSY: Final = frozenset({EnvState.READY, EnvState.RUNNING})
 
 
-def _seconds(what: str, value: object, *, allow_zero: bool = True) -> float:
-    if isinstance(value, dt.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
-    v = float(value)
-    if math.isnan(v) or math.isinf(v) or v < 0 or (v == 0 and not allow_zero):
-        want = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{what} must be a finite {want} number of seconds, got {value!r}")
-    return v
-
-
 def _loop_wall(loop: asyncio.AbstractEventLoop, loop_time: float) -> dt.datetime:
     """The wall-clock moment (aware, UTC) of ``loop_time`` on ``loop``'s clock."""
     wall = getattr(loop, "wall_time", None)
@@ -106,10 +94,9 @@ class Task:
     """
 
     def __init__(self, fn: TaskFn, *, rng: random.Random | None = None) -> None:
-        if not callable(fn):
-            raise ValueError(f"Task: fn must be callable, got {fn!r}")
-        if rng is not None and not isinstance(rng, random.Random):
-            raise ValueError(f"Task: rng must be a random.Random, got {rng!r}")
+        _checks.callable_("Task: fn", fn)
+        if rng is not None:
+            _checks.instance("Task: rng", rng, random.Random, want="a random.Random or None")
         self.fn: Final = fn
         self.name: Final[str] = getattr(fn, "__qualname__", None) or repr(fn)
         self._rng = rng or default_rng
@@ -144,16 +131,16 @@ class Task:
         """At most ``n`` attempts in all, the first included (dowork's ``Retries``);
         ``-1`` = until it succeeds. The default is 1: no retry."""
         self._check_mutable("retries")
-        if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
-            raise ValueError(f"Task.retries: n must be an int >= 1 or -1, got {n!r}")
-        self._attempts_max = n
+        self._attempts_max = _checks.integer("Task.retries: n", n, minimum=1, unlimited=True)
         return self
 
     def max_timeout(self, seconds: float | dt.timedelta | None) -> Task:
         """Cap the backoff between attempts (default 1800 s, dowork's 30 minutes);
         ``0`` or ``None`` = no cap."""
         self._check_mutable("max_timeout")
-        cap = 0.0 if seconds is None else _seconds("Task.max_timeout", seconds)
+        cap = 0.0
+        if seconds is not None:
+            cap = _checks.seconds("Task.max_timeout: seconds", seconds, timedelta=True)
         self._cap = cap if cap > 0 else _UNCAPPED
         return self
 
@@ -161,14 +148,14 @@ class Task:
         """The backoff after the first failure (default 1 s; it doubles after each
         further failure). ``backoff(120)`` reproduces dowork's 2, 4, 8… minutes."""
         self._check_mutable("backoff")
-        self._base = _seconds("Task.backoff", base)
+        self._base = _checks.seconds("Task.backoff: base", base, timedelta=True)
         return self
 
     def within(self, seconds: float | dt.timedelta) -> Task:
         """A deadline for each attempt; an attempt that overruns it fails with
         ``TimeoutError`` (and may be retried). ``0`` = none (the default)."""
         self._check_mutable("within")
-        self._within = _seconds("Task.within", seconds)
+        self._within = _checks.seconds("Task.within: seconds", seconds, timedelta=True)
         return self
 
     def after(self, callback: AfterCallback) -> Task:
@@ -177,17 +164,13 @@ class Task:
         error as ``__cause__`` when the attempts ran out). Several callbacks run in the
         order they were added; one that raises is logged."""
         self._check_mutable("after")
-        if not callable(callback):
-            raise ValueError(f"Task.after: callback must be callable, got {callback!r}")
-        self._after.append(callback)
+        self._after.append(_checks.callable_("Task.after: callback", callback))
         return self
 
     def not_before(self, when: dt.datetime) -> Task:
         """The earliest time of the first attempt (an aware datetime)."""
         self._check_mutable("not_before")
-        if not isinstance(when, dt.datetime) or when.utcoffset() is None:
-            raise ValueError(f"Task.not_before: need an aware datetime, got {when!r}")
-        self._not_before = when
+        self._not_before = _checks.aware_datetime("Task.not_before: when", when)
         return self
 
     def no_jitter(self) -> Task:
@@ -364,10 +347,15 @@ class TaskQueue:
         limiter: RateLimiter | None = None,
         threads: int | None = None,
     ) -> None:
-        if threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-        ):
-            raise ValueError(f"TaskQueue {name!r}: threads must be an int > 0, got {threads!r}")
+        _checks.name("TaskQueue: name", name)
+        where = f"TaskQueue {name!r}:"
+        _checks.integer(f"{where} workers", workers, minimum=1)
+        _checks.integer(f"{where} capacity", capacity, minimum=0)
+        for label, lim in (("rate", rate), ("limiter", limiter)):
+            if lim is not None:
+                _checks.limiter(f"{where} {label}", lim)
+        if threads is not None:
+            _checks.integer(f"{where} threads", threads, minimum=1)
         #: The engine the tasks run on (for ``statistics()``, ``subscribe()``…).
         self.queue: Final = Queue(
             name, workers=workers, capacity=capacity, rate=rate, limiter=limiter

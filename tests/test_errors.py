@@ -16,6 +16,7 @@ from envq.testing import run
 HIERARCHY: list[tuple[type[BaseException], tuple[type[BaseException], ...]]] = [
     (envq.EnvqError, (Exception,)),
     (envq.BadEnvelope, (envq.EnvqError, ValueError)),
+    (envq.BadEnvelopeType, (envq.BadEnvelope, envq.EnvqError, ValueError, TypeError)),
     (envq.BadIntervals, (envq.BadEnvelope, envq.EnvqError, ValueError)),
     (envq.CapacityExceeded, (envq.EnvqError,)),
     (envq.QueueNotRunning, (envq.EnvqError,)),
@@ -130,10 +131,16 @@ class TestQueueArguments:
         assert seen
         assert set(seen) == {name}
 
-    @pytest.mark.parametrize("workers", [0, -1, 1.5, "2"])
+    @pytest.mark.parametrize("workers", [0, -1])
     def test_bad_workers(self, workers: object) -> None:
-        """workers that is not an int > 0 raises ValueError naming workers."""
+        """An int workers that is not > 0 raises ValueError naming workers."""
         with pytest.raises(ValueError, match="workers"):
+            envq.Queue("q", workers=workers)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("workers", [1.5, "2", True, None])
+    def test_workers_not_an_int(self, workers: object) -> None:
+        """workers that is not an int (a bool is not) raises TypeError naming workers."""
+        with pytest.raises(TypeError, match="workers"):
             envq.Queue("q", workers=workers)  # type: ignore[arg-type]
 
     @pytest.mark.parametrize("capacity", [-1, -100])

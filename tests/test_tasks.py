@@ -107,15 +107,12 @@ class TestBuilder:
         [
             ("retries", 0),
             ("retries", -2),
-            ("retries", 2.0),
             ("max_timeout", -1),
             ("max_timeout", float("inf")),
             ("within", float("nan")),
             ("within", -1),
             ("backoff", -1),
-            ("after", "not callable"),
             ("not_before", dt.datetime(2030, 1, 1)),  # naive
-            ("not_before", "tomorrow"),
         ],
     )
     def test_bad_values(self, method: str, value: Any) -> None:
@@ -123,9 +120,26 @@ class TestBuilder:
         with pytest.raises(ValueError, match=method):
             getattr(envq.Task(noop), method)(value)
 
+    @pytest.mark.parametrize(
+        ("method", "value"),
+        [
+            ("retries", 2.0),
+            ("retries", True),
+            ("max_timeout", "600"),
+            ("within", None),
+            ("backoff", "1"),
+            ("after", "not callable"),
+            ("not_before", "tomorrow"),
+        ],
+    )
+    def test_bad_types(self, method: str, value: Any) -> None:
+        """Builder values of the wrong type raise TypeError naming the method."""
+        with pytest.raises(TypeError, match=method):
+            getattr(envq.Task(noop), method)(value)
+
     def test_fn_must_be_callable(self) -> None:
         """Task(fn) needs a callable."""
-        with pytest.raises(ValueError, match="callable"):
+        with pytest.raises(TypeError, match="callable"):
             envq.Task(42)  # type: ignore[arg-type]
 
     async def test_settings_are_fixed_once_queued(self) -> None:
