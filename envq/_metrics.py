@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, cast, final
 
+from envq import _checks
 from envq._envelope import Envelope
 from envq._machine import EnvState, Outcome, QueueState
 from envq._values import Event, Statistics
@@ -377,6 +378,8 @@ class PrometheusMetrics:
     """
 
     def __init__(self, queue: Queue, registry: CollectorRegistry) -> None:
+        _check_queue("PrometheusMetrics: queue", queue)
+        _check_registry("PrometheusMetrics: registry", registry, "register", "unregister")
         self.queue: Final = queue
         self.registry: Final = registry
         self._source = _Source(queue)
@@ -453,12 +456,30 @@ def prometheus_metrics(
     (``ImportError`` otherwise). ``ValueError`` if a queue of the same name is already
     exported to the registry.
     """
+    _check_queue("prometheus_metrics: queue", queue)
+    if registry is not None:
+        _check_registry("prometheus_metrics: registry", registry, "register", "unregister")
     _require_prometheus()
     if registry is None:
         from prometheus_client import REGISTRY  # noqa: PLC0415 - the optional extra
 
         registry = REGISTRY
     return PrometheusMetrics(queue, registry)
+
+
+def _check_queue(what: str, queue: object) -> None:
+    from envq._queue import Queue  # noqa: PLC0415 - envq._queue is not needed at import
+
+    _checks.instance(what, queue, Queue, want="an envq.Queue")
+
+
+def _check_registry(what: str, registry: object, *methods: str) -> None:
+    for method in methods:
+        if not callable(getattr(registry, method, None)):
+            raise TypeError(
+                f"{what} must be a prometheus_client CollectorRegistry, got "
+                f"{_checks.show(registry)} (it has no {method}() method)"
+            )
 
 
 @final
@@ -518,6 +539,10 @@ def serve_metrics(
     loopback interface: pass ``host="0.0.0.0"`` deliberately to expose it. Needs the
     ``envq[prometheus]`` extra; ``OSError`` if the address cannot be bound.
     """
+    port = _checks.integer("serve_metrics: port", port, minimum=0, maximum=65535)
+    _checks.instance("serve_metrics: host", host, str, want="a str")
+    if registry is not None:
+        _check_registry("serve_metrics: registry", registry, "collect")
     _require_prometheus()
     from prometheus_client import REGISTRY  # noqa: PLC0415 - the optional extra
     from prometheus_client.exposition import MetricsHandler  # noqa: PLC0415

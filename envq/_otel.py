@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Final
 
+from envq import _checks
 from envq._envelope import Envelope, Invoker, Stamp
 from envq._machine import Outcome
 from envq._stamps import FAILURES, attempt_number, attempt_outcome, queue_name_of
@@ -43,6 +44,11 @@ def otel_stamp(tracer: Tracer | None = None) -> Stamp:
     tracer provider, a no-op until the application installs an SDK). Raises
     ``ImportError`` when ``opentelemetry-api`` is not installed.
     """
+    if tracer is not None and not callable(getattr(tracer, "start_as_current_span", None)):
+        raise TypeError(
+            "otel_stamp: tracer must be an opentelemetry Tracer (with start_as_current_span) "
+            f"or None, got {_checks.show(tracer)}"
+        )
     try:
         from opentelemetry import trace  # noqa: PLC0415 - the optional extra, on demand
     except ImportError as exc:

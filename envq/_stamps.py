@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Final
 
+from envq import _checks
 from envq._envelope import Envelope, Invoker, Stamp
 from envq._errors import DoNotRetry, StopEnvelope, StopType
 from envq._machine import Outcome
@@ -96,6 +97,12 @@ def logging_stamp(logger: logging.Logger | None = None, level: int = logging.INF
     envq adds no log handlers: nothing is printed unless the application configures
     logging. When the level is disabled the stamp only counts the attempt.
     """
+    if logger is not None and not isinstance(logger, logging.Logger | logging.LoggerAdapter):
+        raise TypeError(
+            "logging_stamp: logger must be a logging.Logger, a logging.LoggerAdapter or "
+            f"None, got {_checks.show(logger)}"
+        )
+    level = _checks.integer("logging_stamp: level", level, minimum=0)
     log = logger or logging.getLogger("envq.stamp")
 
     def stamp(next_: Invoker) -> Invoker:

@@ -31,7 +31,9 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Executor
-from typing import Any, Final, TypeVar, TypeVarTuple, Unpack
+from typing import Any, Final, Self, TypeVar, TypeVarTuple, Unpack
+
+from envq import _checks
 
 __all__ = ["VirtualTimeDeadlock", "VirtualTimeLoop", "advance", "run"]
 
@@ -175,6 +177,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         :class:`VirtualTimeDeadlock` is raised.
     """
 
+    def __new__(
+        cls,
+        *,
+        wall_start: float | None = None,
+        thread_grace: float = 2.0,
+        idle_timeout: float = 30.0,
+    ) -> Self:
+        # Checked before the object exists: a half-made loop would complain when
+        # collected (BaseEventLoop.__del__ needs the state its __init__ makes).
+        _check_clock_args("VirtualTimeLoop", wall_start, thread_grace, idle_timeout)
+        return super().__new__(cls)
+
     def __init__(
         self,
         *,
@@ -182,6 +196,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         thread_grace: float = 2.0,
         idle_timeout: float = 30.0,
     ) -> None:
+        wall_start, thread_grace, idle_timeout = _check_clock_args(
+            "VirtualTimeLoop", wall_start, thread_grace, idle_timeout
+        )
         selector = _VirtualSelector(selectors.DefaultSelector())
         self._now = EPOCH
         self._threads = _Threads()
@@ -211,9 +228,19 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return fut
 
 
+def _check_clock_args(
+    what: str, wall_start: object, thread_grace: object, idle_timeout: object
+) -> tuple[float | None, float, float]:
+    return (
+        None if wall_start is None else _checks.finite(f"{what}: wall_start", wall_start),
+        _checks.seconds(f"{what}: thread_grace", thread_grace),
+        _checks.seconds(f"{what}: idle_timeout", idle_timeout, positive=True),
+    )
+
+
 async def advance(seconds: float) -> None:
     """Let ``seconds`` of loop time pass (instantly on a virtual-time loop)."""
-    await asyncio.sleep(seconds)
+    await asyncio.sleep(_checks.seconds("advance: seconds", seconds))
 
 
 def run(
@@ -224,6 +251,15 @@ def run(
     idle_timeout: float = 30.0,
 ) -> T:
     """Run ``coro`` to completion on a fresh :class:`VirtualTimeLoop`, then close it."""
+    if not isinstance(coro, Coroutine):
+        raise TypeError(f"run: coro must be a coroutine, got {_checks.show(coro)}")
+    try:
+        wall_start, thread_grace, idle_timeout = _check_clock_args(
+            "run", wall_start, thread_grace, idle_timeout
+        )
+    except (TypeError, ValueError):
+        coro.close()  # it will never run: no "was never awaited" warning
+        raise
 
     def factory() -> asyncio.AbstractEventLoop:
         return VirtualTimeLoop(
