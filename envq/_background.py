@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import concurrent.futures.thread  # imported before our exit hook is registered (see there)
 import logging
+import os
 import threading
 import time
 import weakref
@@ -57,6 +58,12 @@ class BackgroundQueue:
     :param threads: size of the thread pool for plain functions.
     :param loop_factory: makes the thread's event loop (default
         ``asyncio.new_event_loop``).
+    :param log_unhandled: log a task that fails while nothing observes it (see
+        :class:`envq.TaskQueue`).
+
+    After ``os.fork()``, the child's copy of a started queue has no thread: it refuses
+    new tasks with ``RuntimeError`` (make a new queue in the child), and the global
+    queue of :func:`envq.submit` starts afresh there.
     """
 
     def __init__(
@@ -68,6 +75,7 @@ class BackgroundQueue:
         limiter: RateLimiter | None = None,
         threads: int | None = None,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+        log_unhandled: bool = True,
     ) -> None:
         _checks.name("BackgroundQueue: name", name)
         where = f"BackgroundQueue {name!r}:"
@@ -85,7 +93,12 @@ class BackgroundQueue:
             )
         #: The task queue the thread runs.
         self.tasks: Final = TaskQueue(
-            name, workers=workers, rate=rate, limiter=limiter, threads=threads
+            name,
+            workers=workers,
+            rate=rate,
+            limiter=limiter,
+            threads=threads,
+            log_unhandled=log_unhandled,
         )
         self.name: Final = name
         self._loop_factory = loop_factory
@@ -97,6 +110,9 @@ class BackgroundQueue:
         self._closing = False
         #: Resolved when the thread's loop has finished (after ``shutdown()``).
         self._done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        #: In a child process made by ``os.fork()``: the parent's pid (the queue's
+        #: thread did not come along).
+        self._forked_from: int | None = None
 
     def __repr__(self) -> str:
         state = (
@@ -138,6 +154,11 @@ class BackgroundQueue:
         """
         if not isinstance(task, Task):
             raise BadEnvelope(f"task queue {self.name!r}: not a Task: {task!r}")
+        if self._forked_from is not None:
+            raise RuntimeError(
+                f"task queue {self.name!r} was started in process {self._forked_from}; its "
+                "thread does not exist in this forked child: make a new BackgroundQueue here"
+            )
         with self._lock:
             if self._closing:
                 raise QueueShuttingDown(f"task queue {self.name!r} is shutting down")
@@ -182,6 +203,16 @@ class BackgroundQueue:
     # ----------------------------------------------------------------------------------
     # Internals
     # ----------------------------------------------------------------------------------
+
+    def _after_fork(self, parent: int) -> None:
+        """In a forked child: the thread is gone; this copy refuses tasks and counts
+        as closed (so neither ``shutdown()`` nor interpreter exit waits for it)."""
+        self._lock = threading.Lock()
+        if self._thread is not None and not self._done.done():
+            self._forked_from = parent
+            self._closing = True
+            self._done = concurrent.futures.Future()
+            self._done.set_result(None)
 
     def _check_outside(self) -> None:
         if threading.current_thread() is self._thread or _INSIDE.get() is self.tasks:
@@ -288,6 +319,16 @@ def _at_exit() -> None:
             q.shutdown()
         except Exception:
             log.exception("envq: shutting down %r at exit failed", q)
+
+
+def _after_fork_in_child(parent: int) -> None:
+    global _background, _GLOBAL_LOCK, _EXIT_LOCK  # noqa: PLW0603 - a forked child's fresh start
+    _GLOBAL_LOCK = threading.Lock()
+    _EXIT_LOCK = threading.Lock()
+    for queue in list(_LIVE):
+        queue._after_fork(parent)
+    _background = None  # the next submit() in the child starts its own
+    _per_loop.clear()
 
 
 # --------------------------------------------------------------------------------------
@@ -439,3 +480,15 @@ async def _shutdown_async(queues: list[TaskQueue | BackgroundQueue], limit: floa
 
     async with asyncio.timeout(limit):
         await asyncio.gather(*(one(q) for q in queues))
+
+
+if hasattr(os, "register_at_fork"):
+    _parent_pid = os.getpid()
+
+    def _before_fork() -> None:
+        global _parent_pid  # noqa: PLW0603 - the pid a forked child reports
+        _parent_pid = os.getpid()
+
+    os.register_at_fork(
+        before=_before_fork, after_in_child=lambda: _after_fork_in_child(_parent_pid)
+    )

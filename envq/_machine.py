@@ -96,6 +96,10 @@ class QueueCall(_Enum):
     TERMINATE = "terminate"
     #: Internal: a stop under way has nothing left to wait for.
     DRAINED = "drained"
+    #: Internal: a worker task was cancelled by someone other than envq (typically
+    #: ``asyncio.run()`` cancelling every task as its loop closes). The queue stops at
+    #: once, cancelling and parking everything, so nothing is left RUNNING or lost.
+    ABANDON = "abandon"
 
 
 class EnvState(_Enum):
@@ -196,6 +200,8 @@ class LifeAction(_Enum):
     STOP_THEN_TERMINATE = "stop_then_terminate"
     #: A stop is under way: turn it into a cancelling STOP, wait, then terminate.
     ESCALATE_THEN_TERMINATE = "escalate_then_terminate"
+    #: A stop is under way: turn it into a cancelling STOP (ready envelopes parked).
+    ESCALATE = "escalate"
     #: Hand back every envelope still held and end.
     HAND_BACK = "hand_back"
 
@@ -229,6 +235,10 @@ LIFECYCLE: Final[Mapping[tuple[QueueState, QueueCall], LifeRow]] = {
     (_S.STOPPING, _C.STOP): LifeRow(_L.AWAIT_STOP, _S.STOPPING),
     (_S.STOPPING, _C.TERMINATE): LifeRow(_L.ESCALATE_THEN_TERMINATE, _S.TERMINATED),
     (_S.STOPPING, _C.DRAINED): LifeRow(_L.FINISH_STOP, _S.STOPPED),
+    (_S.RUNNING, _C.ABANDON): LifeRow(_L.BEGIN_STOP, _S.STOPPING),
+    (_S.STOPPING, _C.ABANDON): LifeRow(_L.ESCALATE, _S.STOPPING),
+    (_S.STOPPED, _C.ABANDON): LifeRow(_L.NOTHING, _S.STOPPED),
+    (_S.TERMINATED, _C.ABANDON): LifeRow(_L.NOTHING, _S.TERMINATED),
     (_S.STOPPED, _C.START): LifeRow(_L.ARM, _S.RUNNING),
     (_S.STOPPED, _C.SEND): LifeRow(_L.REJECT, None, QueueNotRunning),
     (_S.STOPPED, _C.STOP): LifeRow(_L.NOTHING, _S.STOPPED),
@@ -239,9 +249,11 @@ LIFECYCLE: Final[Mapping[tuple[QueueState, QueueCall], LifeRow]] = {
     (_S.TERMINATED, _C.TERMINATE): LifeRow(_L.NOTHING, _S.TERMINATED),
 }
 
-#: (state, call) pairs that can never happen: DRAINED only occurs while STOPPING.
+#: (state, call) pairs that can never happen: DRAINED only occurs while STOPPING, and
+#: there are no workers to abandon a queue that was never started.
 ILLEGAL_LIFECYCLE: Final[frozenset[tuple[QueueState, QueueCall]]] = frozenset(
     {
+        (_S.INIT, _C.ABANDON),
         (_S.INIT, _C.DRAINED),
         (_S.RUNNING, _C.DRAINED),
         (_S.STOPPED, _C.DRAINED),

@@ -16,17 +16,20 @@ so ``capacity_used`` is ``len(_live)`` and cannot drift.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
+import inspect
 import logging
 import math
-import re
+import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from heapq import heapify, heappop, heappush
 from types import MappingProxyType, TracebackType
-from typing import Any, Final, NoReturn, assert_never, cast
+from typing import Any, Final, NoReturn, TypeVar, assert_never, cast
 
 from envq import _checks, _machine
 from envq._envelope import Envelope, Invoker, Stamp, _Rec, is_async_callable
@@ -72,13 +75,17 @@ from envq._values import (
     StopMode,
     StopReport,
     drop,
+    retry_now,
 )
 
 __all__ = ["Queue", "current_attempt"]
 
 log = logging.getLogger("envq")
 
-_NAME = re.compile(r"[A-Za-z0-9:_]+\Z")
+_T = TypeVar("_T")
+#: The running event loop of the calling thread, or None (asyncio's C accelerated
+#: helper: the thread check on ``send``'s path costs one call).
+_running_loop: Final = asyncio._get_running_loop
 
 # Module constants for the hot path: in Python 3.11 reading an enum member off its
 # class costs ~150 ns, a global ~20 ns.
@@ -145,14 +152,29 @@ DeadLetter = Callable[[Envelope, BaseException | None], object]
 
 
 class _Worker:
-    __slots__ = ("cancel_cause", "cancellable", "deadline_at", "env", "epoch", "task")
+    __slots__ = (
+        "abandoned",
+        "cancel_cause",
+        "cancellable",
+        "deadline_at",
+        "env",
+        "epoch",
+        "owed",
+        "task",
+    )
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
         self.deadline_at: float | None = None
         self.env: Envelope | None = None
         self.cancellable = False
+        #: Who cancelled the attempt in flight (a stop, terminate, or the worker's
+        #: abandonment, which counts as a stop).
         self.cancel_cause: CancelCause | None = None
+        #: envq's own ``task.cancel()`` calls not yet matched by ``uncancel()`` (0 or 1).
+        self.owed = 0
+        #: Cancelled by someone other than envq: ends its envelope, then exits.
+        self.abandoned = False
         self.task: asyncio.Task[None] | None = None
 
 
@@ -176,27 +198,64 @@ class _Waiter:
         self.fut = fut
 
 
+class _Stuck:
+    """Counts a queue's thread calls that are still running although the queue has
+    stopped waiting for them (a deadline or a cancel); shared with the threads."""
+
+    __slots__ = ("count", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+
+
 class _ThreadJob:
-    """A plain callable on the queue's thread pool; knows whether it is still running."""
+    """A plain callable on the queue's thread pool. Once the queue stops waiting for
+    it (:meth:`abandon`), it counts as stuck until its thread returns; nothing else
+    keeps it."""
 
-    __slots__ = ("abandoned", "args", "ctx", "finished", "fn")
+    __slots__ = ("abandoned", "args", "ctx", "dead", "finished", "fn", "started", "stuck")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.fn = fn
+    def __init__(self, stuck: _Stuck, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.stuck = stuck
+        self.fn: Callable[..., Any] | None = fn
         self.args = args
         self.ctx = contextvars.copy_context()
+        self.started = False
         self.finished = False
         self.abandoned = False
+        self.dead = False
 
     def __call__(self) -> tuple[bool, Any]:
         # The error is returned, not raised: asyncio would rebuild a TimeoutError or
         # CancelledError crossing from a thread, and on_failure must see the original.
+        stuck = self.stuck
+        with stuck.lock:
+            if self.dead:
+                return False, asyncio.CancelledError()
+            self.started = True
+        fn, self.fn = self.fn, None
+        args, self.args = self.args, ()
+        assert fn is not None
         try:
-            return True, self.ctx.run(self.fn, *self.args)
+            return True, self.ctx.run(fn, *args)
         except BaseException as exc:
             return False, exc
         finally:
-            self.finished = True
+            with stuck.lock:
+                self.finished = True
+                if self.abandoned:
+                    stuck.count -= 1
+
+    def abandon(self) -> None:
+        """The queue no longer waits for this call."""
+        stuck = self.stuck
+        with stuck.lock:
+            if not self.started:
+                self.dead = True  # never runs
+            elif not self.finished and not self.abandoned:
+                self.abandoned = True
+                stuck.count += 1
 
 
 _TASKS: set[asyncio.Task[Any]] = set()
@@ -226,6 +285,9 @@ class Queue:
     :param hook_timeout: the hooks' time budgets.
     :param threads: size of the thread pool for plain callables (default
         ``min(32, workers + 4)``).
+    :param log_unhandled: log an envelope that ends FAILED while nothing handles it
+        (no ``on_failure``, no ``dead_letter``, no subscribed listener) once, at
+        WARNING with its last error's traceback, through the ``envq`` logger.
     """
 
     def __init__(
@@ -242,6 +304,7 @@ class Queue:
         dead_letter: DeadLetter | None = None,
         hook_timeout: HookTimeout = HookTimeout(),  # noqa: B008 - frozen value
         threads: int | None = None,
+        log_unhandled: bool = True,
     ) -> None:
         _checks.name("Queue: name", name)
         where = f"Queue {name!r}:"
@@ -258,6 +321,7 @@ class Queue:
         _checks.instance(f"{where} hook_timeout", hook_timeout, HookTimeout)
         if threads is not None:
             _checks.integer(f"{where} threads", threads, minimum=1)
+        _checks.flag(f"{where} log_unhandled", log_unhandled)
         self.name: Final = name
         self.workers: Final = workers
         self.capacity: Final = capacity
@@ -271,6 +335,11 @@ class Queue:
         self._empty_waiters: list[asyncio.Future[None]] = []
         self.hook_timeout: Final = hook_timeout
         self._threads = threads or min(32, workers + 4)
+        self.log_unhandled: Final = log_unhandled
+        #: Subscribed listeners that count as handling failures.
+        self._handlers = 0
+        #: The termination under way (or done), once it had to wait for a stop.
+        self._closing: asyncio.Task[list[Envelope]] | None = None
 
         self._state = QueueState.INIT
         self._send_row = self._row_for_send(self._state)
@@ -305,7 +374,7 @@ class Queue:
         self._stale = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        self._jobs: set[_ThreadJob] = set()
+        self._stuck = _Stuck()
         # Statistics.
         self._terminal = {state: 0 for state in EnvState if state in _TERMINAL}
         self._outcomes = dict.fromkeys(Outcome, 0)
@@ -341,9 +410,24 @@ class Queue:
         :class:`envq.QueueStopping` / :class:`envq.QueueTerminated` when STOPPING /
         TERMINATED.
         """
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop is not loop:
-            raise RuntimeError(f"queue {self.name!r} is bound to another event loop")
+        bound = self._loop
+        current = _running_loop()
+        if bound is not None and current is not bound:
+            if bound.is_running():
+                self._from_elsewhere(self.start)
+                return
+            row = LIFECYCLE[(self._state, QueueCall.START)]
+            if row.action is LifeAction.REJECT:
+                self._life(row, QueueCall.START)
+            raise RuntimeError(
+                f"queue {self.name!r} is bound to another event loop, which is not running; "
+                "start it from a coroutine on that loop"
+            )
+        if current is None:
+            raise RuntimeError(
+                f"queue {self.name!r}: start() needs a running event loop (call it from a "
+                "coroutine, or from any thread once the queue's loop is running)"
+            )
         self._loop_()
         self._life(LIFECYCLE[(self._state, QueueCall.START)], QueueCall.START)
 
@@ -361,11 +445,15 @@ class Queue:
         :raises CapacityExceeded: the batch does not fit, or producers are waiting in
             ``send_wait`` (send does not overtake them).
         """
+        loop = self._loop
+        if loop is not None and _running_loop() is not loop and loop.is_running():
+            return self._from_elsewhere(self.send, *envelopes)
         row = self._send_row
         if row.action is _ADMIT:
             self._admit(envelopes, False)
         else:
             self._life(row, _SEND, envelopes)
+        return None
 
     async def send_wait(
         self,
@@ -382,7 +470,8 @@ class Queue:
         """
         if timeout is not None:
             timeout = _checks.timeout(f"queue {self.name!r}: send_wait() timeout", timeout)
-        batch = tuple(envelopes)
+        self._own_loop("send_wait")
+        batch = envelopes
         if not self._waiters and self._admit(batch, True):
             return
         distinct = {
@@ -394,26 +483,28 @@ class Queue:
                 f"queue {self.name!r}: a batch of {len(distinct)} envelopes can never fit "
                 f"capacity {self.capacity}"
             )
-        waiter = _Waiter(batch, self._loop_().create_future())
+        # Woken (first come, first served) when the batch fits or would be refused, the
+        # producer admits it itself: a producer cancelled or timed out after being woken
+        # has admitted nothing, and the next one is woken instead.
+        loop = self._loop_()
+        waiter = _Waiter(batch, loop.create_future())
         self._waiters.append(waiter)
         try:
             async with asyncio.timeout(timeout):
-                await asyncio.shield(waiter.fut)
+                while True:
+                    await waiter.fut
+                    if self._admit(batch, True):
+                        return
+                    waiter.fut = loop.create_future()
         except TimeoutError:
-            if waiter.fut.done():  # the queue settled it as the timeout fired
-                error = waiter.fut.exception()
-                if error is None:
-                    return
-                raise error from None
-            self._drop_waiter(waiter)
             self._rejections["capacity"] += 1
             raise CapacityExceeded(
                 f"queue {self.name!r}: no room for {len(batch)} envelope(s) within "
                 f"{timeout!r} s (capacity {self.capacity})"
             ) from None
-        except asyncio.CancelledError:
-            self._drop_waiter(waiter)
-            raise
+        finally:
+            self._waiters.remove(waiter)
+            self._pump()
 
     async def stop(
         self, mode: StopMode | None = None, cancel: bool = False, wait: bool | None = None
@@ -439,6 +530,7 @@ class Queue:
             raise ValueError(
                 f"queue {self.name!r}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)"
             )
+        self._own_loop("stop")
         row = LIFECYCLE[(self._state, QueueCall.STOP)]
         waiting = self._life(
             row, QueueCall.STOP, mode=mode, cause=CancelCause.STOP if cancel else None
@@ -455,6 +547,7 @@ class Queue:
 
         :raises RuntimeError: when called from inside one of the queue's attempts.
         """
+        self._own_loop("wait_stopped")
         if self._inside() is not None:
             raise RuntimeError(f"queue {self.name!r}: wait_stopped() from inside the queue")
         if self._state in (QueueState.STOPPED, QueueState.TERMINATED):
@@ -468,30 +561,60 @@ class Queue:
         """End the queue for good and hand back every envelope still in it.
 
         Cancels in-flight attempts; returns the buffered, ready, delayed, parked and
-        just-cancelled envelopes in admission order. Everything not handed back has
-        ended in a terminal state and said so in an event.
+        just-cancelled envelopes in admission order (and keeps them in
+        :attr:`leftovers`). Everything not handed back has ended in a terminal state
+        and said so in an event.
+
+        Once begun, a termination runs to its end even if the caller is cancelled
+        (what it hands back is then in :attr:`leftovers`); a second ``terminate()``
+        meanwhile waits for the same end and returns ``[]``.
 
         :raises RuntimeError: when called from inside one of the queue's attempts.
         """
+        self._own_loop("terminate")
         if self._inside() is not None:
             raise RuntimeError(f"queue {self.name!r}: terminate() from inside the queue")
+        closing = self._closing
+        if closing is not None:
+            await asyncio.shield(closing)
+            return []
         row = LIFECYCLE[(self._state, QueueCall.TERMINATE)]
-        handed = self._handed = []
+        self._handed = []
         waiting = self._life(
             row, QueueCall.TERMINATE, mode=StopMode.STOP, cause=CancelCause.TERMINATE
         )
-        while waiting is not None:
-            await asyncio.shield(waiting)
+        if row.action is LifeAction.NOTHING:  # already terminated
+            return []
+        if waiting is None:
+            return self._hand_over()
+        closing = self._closing = self._loop_().create_task(
+            self._terminating(waiting), name=f"envq:{self.name}:terminate"
+        )
+        _TASKS.add(closing)
+        closing.add_done_callback(_TASKS.discard)
+        return await asyncio.shield(closing)
+
+    async def _terminating(self, waiting: asyncio.Future[None]) -> list[Envelope]:
+        """The rest of a termination that had a stop to wait for."""
+        next_: asyncio.Future[None] | None = waiting
+        while next_ is not None:
+            await next_
             # Normally STOPPED → HAND_BACK; a start() that slipped in stops again.
-            waiting = self._life(
+            next_ = self._life(
                 LIFECYCLE[(self._state, QueueCall.TERMINATE)],
                 QueueCall.TERMINATE,
                 mode=StopMode.STOP,
                 cause=CancelCause.TERMINATE,
             )
-        assert row.target is None or self._state is row.target, (row, self._state)
-        handed.sort(key=lambda pair: pair[0])
-        return [env for _seq, env in handed]
+        return self._hand_over()
+
+    def _hand_over(self) -> list[Envelope]:
+        """The envelopes the termination handed back, in admission order."""
+        assert self._state is QueueState.TERMINATED, self._state
+        handed = sorted(self._handed, key=lambda pair: pair[0])
+        self._handed = []
+        self.leftovers = [env for _seq, env in handed]
+        return list(self.leftovers)
 
     async def run_until_empty(self) -> StopReport:
         """Bootstrap mode: start if needed, run until no envelope is left in the queue,
@@ -503,6 +626,7 @@ class Queue:
 
         :raises RuntimeError: when called from inside one of the queue's attempts.
         """
+        self._own_loop("run_until_empty")
         if self._inside() is not None:
             raise RuntimeError(f"queue {self.name!r}: run_until_empty() from inside the queue")
         self.start()
@@ -530,31 +654,52 @@ class Queue:
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every state change; returns an unsubscribe
-        function. A listener that raises is logged and never breaks the queue."""
+        function. A listener that raises is logged and never breaks the queue.
+
+        A subscribed listener counts as handling failures: an envelope that ends
+        FAILED is then not logged as unhandled (see ``log_unhandled``).
+        """
         _checks.plain_callable(
             f"queue {self.name!r}: subscribe() listener",
             listener,
             "listeners are called synchronously on the queue's loop, so an async def "
             "one's coroutine would never be awaited; start a task from a plain listener",
         )
+        return self._listen(listener, handles_failures=True)
+
+    def _listen(self, listener: Listener, *, handles_failures: bool) -> Callable[[], None]:
+        """Subscribe ``listener``; envq's own listeners (metrics, the task API) do not
+        count as handling failures."""
+        if self._elsewhere():
+            return self._from_elsewhere(self._listen, listener, handles_failures=handles_failures)
         self._listeners.append(listener)
         self._observed = True
+        if handles_failures:
+            self._handlers += 1
+        subscribed = True
 
         def unsubscribe() -> None:
-            if listener in self._listeners:
+            nonlocal subscribed
+            if self._elsewhere():
+                self._from_elsewhere(unsubscribe)
+                return
+            if subscribed:
+                subscribed = False
                 self._listeners.remove(listener)
+                if handles_failures:
+                    self._handlers -= 1
             self._observed = bool(self._listeners) or _machine.STRICT
 
         return unsubscribe
 
     def statistics(self) -> Statistics:
         """A frozen snapshot of the queue's state and counters."""
+        if self._elsewhere():
+            return self._from_elsewhere(self.statistics)
         by_state = {state: 0 for state in EnvState if state in _machine.LIVE_STATES}
         for rec in self._live.values():
             by_state[rec.state] += 1
         by_state.update(self._terminal)
-        for job in [j for j in self._jobs if j.finished]:
-            self._jobs.discard(job)
         return Statistics(
             state=self._state,
             by_state=MappingProxyType(by_state),
@@ -564,7 +709,7 @@ class Queue:
             outcomes=MappingProxyType(dict(self._outcomes)),
             dedups=self._dedups,
             rejections=MappingProxyType(dict(self._rejections)),
-            stuck_threads=sum(1 for j in self._jobs if j.abandoned and not j.finished),
+            stuck_threads=self._stuck.count,
         )
 
     async def __aenter__(self) -> Queue:
@@ -577,13 +722,44 @@ class Queue:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.stop()
-        self.leftovers = await self.terminate()
+        """Stop (the queue's mode) and terminate; what terminate hands back is kept in
+        :attr:`leftovers`. Leaving the block by a cancellation, or a cancellation during
+        the exit, skips or cuts short the graceful stop: the queue terminates at once
+        (in-flight attempts cancelled). Either way the exit returns only once the queue
+        is TERMINATED, and re-raises such a cancellation afterwards."""
+        interrupted = False
+        if self._state is QueueState.TERMINATED:
+            return
+        if exc_type is None or not issubclass(exc_type, asyncio.CancelledError):
+            try:
+                await self.stop()
+            except asyncio.CancelledError:
+                interrupted = True
+        while True:
+            try:
+                await self.terminate()
+                break
+            except asyncio.CancelledError:
+                interrupted = True  # the termination goes on: wait for it again
         if self.leftovers:
             log.warning(
                 "queue %r: %d envelope(s) left over at exit (see Queue.leftovers)",
                 self.name,
                 len(self.leftovers),
+            )
+        if interrupted:
+            raise asyncio.CancelledError
+
+    def __del__(self) -> None:
+        live = getattr(self, "_live", None)
+        if live:
+            warnings.warn(
+                f"envq.Queue {getattr(self, 'name', '?')!r} was garbage-collected holding "
+                f"{len(live)} envelope(s) ({self._state.name}): terminate() it and keep what "
+                "it hands back",
+                ResourceWarning,
+                source=self,
+                stacklevel=1,
             )
 
     # ----------------------------------------------------------------------------------
@@ -630,7 +806,7 @@ class Queue:
                 return None
             case LifeAction.STOP_THEN_TERMINATE:
                 return self._begin_stop(LIFECYCLE[(self._state, QueueCall.STOP)], mode, cause)
-            case LifeAction.ESCALATE_THEN_TERMINATE:
+            case LifeAction.ESCALATE_THEN_TERMINATE | LifeAction.ESCALATE:
                 return self._escalate(cause)
             case LifeAction.HAND_BACK:
                 self._hand_back(row)
@@ -720,6 +896,7 @@ class Queue:
             if w.env is not None and w.cancellable and w is not spared and w.task is not None:
                 if w.cancel_cause is None:
                     w.task.cancel()
+                    w.owed = 1
                 w.cancel_cause = cause
 
     def _check_drained(self) -> None:
@@ -762,21 +939,25 @@ class Queue:
     def _to_dead_letter(self, env: Envelope, error: BaseException | None) -> None:
         dead_letter = self.dead_letter
         assert dead_letter is not None
+        if self._dead_async:
+            task = self._loop_().create_task(self._dead_letter_async(dead_letter, env, error))
+            _TASKS.add(task)
+            task.add_done_callback(_TASKS.discard)
+            return
         try:
-            if self._dead_async:
-                coro = cast("Coroutine[Any, Any, object]", dead_letter(env, error))
-                task: asyncio.Task[Any] = self._loop_().create_task(coro)
-                _TASKS.add(task)
-                task.add_done_callback(self._dead_letter_done)
-            else:
-                dead_letter(env, error)
-        except Exception:
+            dead_letter(env, error)
+        except BaseException:
             log.exception("queue %r: dead_letter failed for %s", self.name, env.label())
 
-    def _dead_letter_done(self, task: asyncio.Task[Any]) -> None:
-        _TASKS.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("queue %r: dead_letter failed", self.name, exc_info=task.exception())
+    async def _dead_letter_async(
+        self, dead_letter: DeadLetter, env: Envelope, error: BaseException | None
+    ) -> None:
+        try:
+            await cast("Coroutine[Any, Any, object]", dead_letter(env, error))
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except BaseException:
+            log.exception("queue %r: dead_letter failed for %s", self.name, env.label())
 
     def _wake_stopped(self) -> None:
         waiters, self._stopped_waiters = self._stopped_waiters, []
@@ -899,29 +1080,31 @@ class Queue:
             delay = max(delay, env.not_before.timestamp() - now)
         return delay
 
-    def _drop_waiter(self, waiter: _Waiter) -> None:
-        if waiter in self._waiters:
-            self._waiters.remove(waiter)
-        self._pump()
-
     def _pump(self) -> None:
-        """Admit waiting producers' batches, first come first served."""
+        """Wake the first waiting producer once its batch fits, or would be refused."""
         waiters = self._waiters
-        while waiters:
+        if waiters:
             head = waiters[0]
-            if head.fut.done():
-                waiters.popleft()
-                continue
-            try:
-                admitted = self._admit(head.envs, True)
-            except EnvqError as exc:
-                waiters.popleft()
-                head.fut.set_exception(exc)
-                continue
-            if not admitted:
-                return
-            waiters.popleft()
-            head.fut.set_result(None)
+            if not head.fut.done() and self._may_admit(head.envs):
+                head.fut.set_result(None)
+
+    def _may_admit(self, items: Sequence[Envelope]) -> bool:
+        """Whether admitting ``items`` now would not wait for room: it fits, or one of
+        send's checks refuses it."""
+        capacity = self.capacity
+        if not capacity or self._send_row.action is LifeAction.REJECT:
+            return True
+        blacklist = self._blacklist
+        fresh: set[Envelope] = set()
+        for env in items:
+            if not isinstance(env, Envelope) or (blacklist and env.type in blacklist):
+                return True
+            owner = env._rec.owner
+            if owner is None:
+                fresh.add(env)
+            elif owner is not self:
+                return True
+        return len(self._live) + len(fresh) <= capacity
 
     # ----------------------------------------------------------------------------------
     # Envelope moves
@@ -1001,11 +1184,21 @@ class Queue:
             if rec.tick:
                 self._disarm(rec)
             if self.limiter is not None:
-                self.limiter.forget(env)
+                self._forget(env)
             if to is _RETURNED:
                 self._handed.append((rec.seq, env))
-            elif to is _FAILED and self.dead_letter is not None:
-                self._to_dead_letter(env, cause)
+            elif to is _FAILED:
+                if self.dead_letter is not None:
+                    self._to_dead_letter(env, cause)
+                elif self.log_unhandled and env.on_failure is None and not self._handlers:
+                    log.warning(
+                        "queue %r: %s failed and nothing handles it (no on_failure, "
+                        "dead_letter or listener): %r",
+                        self.name,
+                        env.label(),
+                        cause,
+                        exc_info=cause,
+                    )
             if self._empty_waiters and not self._live:
                 self._wake_empty()
             if self._waiters:
@@ -1069,6 +1262,46 @@ class Queue:
             self._timer = None
         self._timer_at = math.inf
 
+    def _limit(self, limiter: RateLimiter, env: Envelope, role: str) -> float:
+        """``limiter.when(env)`` as seconds to wait; a limiter that raises or answers
+        with something other than a finite number >= 0 is logged and means 0."""
+        try:
+            wait = limiter.when(env)
+            if wait.__class__ is float or wait.__class__ is int:
+                if 0 <= wait < math.inf:
+                    return wait
+            elif isinstance(wait, int | float) and not isinstance(wait, bool):
+                wait = float(wait)
+                if 0 <= wait < math.inf:
+                    return wait
+            log.error(
+                "queue %r: %s limiter %r answered %r for %s, not a number of seconds (0 used)",
+                self.name,
+                role,
+                limiter,
+                wait,
+                env.label(),
+            )
+        except BaseException:
+            log.exception(
+                "queue %r: %s limiter %r failed for %s (0 used)",
+                self.name,
+                role,
+                limiter,
+                env.label(),
+            )
+        return 0.0
+
+    def _forget(self, env: Envelope) -> None:
+        """``limiter.forget(env)``; a limiter that raises is logged."""
+        assert self.limiter is not None
+        try:
+            self.limiter.forget(env)
+        except BaseException:
+            log.exception(
+                "queue %r: limiter %r failed to forget %s", self.name, self.limiter, env.label()
+            )
+
     def _requeue(
         self,
         env: Envelope,
@@ -1086,7 +1319,7 @@ class Queue:
         becomes DELAYED.
         """
         if self.limiter is not None and outcome is not _OK and to in _REQUEUED:
-            wait = self.limiter.when(env)
+            wait = self._limit(self.limiter, env, "retry")
             if wait > delay:
                 delay, at = wait, None
             if delay > 0 and to is _READY:
@@ -1100,6 +1333,15 @@ class Queue:
     # ----------------------------------------------------------------------------------
 
     async def _work(self, w: _Worker) -> None:
+        try:
+            await self._serve(w)
+        except asyncio.CancelledError:
+            # Cancelled while idle or waiting for the rate limit (a cancel that reaches
+            # an attempt or a hook is absorbed there and ends up here as well).
+            self._abandon(w)
+            raise
+
+    async def _serve(self, w: _Worker) -> None:
         ready = self._ready
         idle = self._idle
         live = self._live
@@ -1119,7 +1361,7 @@ class Queue:
                     return
                 continue
             if rate is not None and not paid:
-                wait = rate.when(ready[0])
+                wait = self._limit(rate, ready[0], "rate")
                 if wait > 0:
                     paid = True
                     await asyncio.sleep(wait)
@@ -1155,7 +1397,9 @@ class Queue:
                 pending = self._settle(w, env, rec, outcome, cause)
                 if pending is not None:
                     await pending
-            except Exception as exc:  # the queue's own failure: log, end the envelope
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except BaseException as exc:  # the queue's own failure: log, end the envelope
                 log.exception("queue %r: internal error handling %s", self.name, env.label())
                 if live.get(env) is rec and rec.state is _RUNNING_E:
                     self._enter(env, rec, Outcome.ERROR, EnvState.FAILED, cause=exc)
@@ -1164,8 +1408,49 @@ class Queue:
                 w.cancellable = False
                 w.cancel_cause = None
                 w.deadline_at = None
+                if w.owed:  # user code swallowed envq's cancel: settle the task's count
+                    w.owed = 0
+                    if w.task is not None:
+                        w.task.uncancel()
             if self._run is not None and not ready:
                 self._check_drained()
+            if w.abandoned:
+                raise asyncio.CancelledError
+
+    def _abandon(self, w: _Worker) -> None:
+        """The worker's task was cancelled by someone other than envq (typically the
+        event loop closing): the queue stops at once, cancelling and parking
+        everything (the ABANDON row), and the worker exits once its envelope is
+        settled. The attempt in flight, if any, counts as cancelled by that stop."""
+        if w.abandoned:
+            return
+        w.abandoned = True
+        if w.cancel_cause is None:
+            w.cancel_cause = CancelCause.STOP
+        if w.epoch != self._epoch:
+            return  # a worker of an earlier run, on its way out
+        self._life(
+            LIFECYCLE[(self._state, QueueCall.ABANDON)],
+            QueueCall.ABANDON,
+            mode=StopMode.STOP,
+            cause=CancelCause.STOP,
+        )
+
+    def _absorb_cancel(self, w: _Worker) -> bool:
+        """A ``CancelledError`` reached the worker's attempt or hook: True when the
+        worker itself was cancelled (by envq, or from outside, which abandons the
+        queue), False when user code raised it on its own."""
+        task = w.task
+        ours = w.owed
+        if task is None:
+            return False
+        if ours:
+            w.owed = 0
+            task.uncancel()
+        if task.cancelling():
+            self._abandon(w)
+            return True
+        return bool(ours)
 
     def _classify(self, w: _Worker, env: Envelope, exc: BaseException, *cms: Any) -> Outcome:
         """The outcome an exception from before/the invoker chain stands for."""
@@ -1175,19 +1460,14 @@ class Queue:
                     return Outcome.STOP
                 return outcome
         if isinstance(exc, asyncio.CancelledError):
-            task = w.task
-            if w.cancel_cause is not None:
-                assert task is not None
-                task.uncancel()
-                return Outcome.CANCELLED
-            if task is not None and task.cancelling():
-                raise exc
-            return Outcome.ERROR
+            return Outcome.CANCELLED if self._absorb_cancel(w) else Outcome.ERROR
         if isinstance(exc, TimeoutError) and any(cm is not None and cm.expired() for cm in cms):
             return Outcome.TIMEOUT
-        if isinstance(exc, Exception):
-            return Outcome.ERROR
-        raise exc
+        if isinstance(exc, GeneratorExit):
+            raise exc
+        # Any other exception, KeyboardInterrupt and SystemExit included: the attempt
+        # failed; the worker carries on.
+        return Outcome.ERROR
 
     async def _attempt(self, w: _Worker, env: Envelope) -> tuple[Outcome, BaseException | None]:
         """``before → stamps → invoke → after`` under the deadline and hook budgets."""
@@ -1225,17 +1505,16 @@ class Queue:
             except StopEnvelope as exc:
                 stopped = stopped or exc
             except asyncio.CancelledError:
-                if w.cancel_cause is None and w.task is not None and w.task.cancelling():
-                    raise
-                if w.cancel_cause is not None and w.task is not None:
-                    w.task.uncancel()
-                else:
+                # A cancel of the worker that lands in after keeps the outcome.
+                if not self._absorb_cancel(w):
                     log.warning(
                         "queue %r: after hook of %s raised CancelledError (ignored)",
                         self.name,
                         env.label(),
                     )
-            except Exception:
+            except GeneratorExit:
+                raise
+            except BaseException:
                 log.warning(
                     "queue %r: after hook of %s failed (ignored)",
                     self.name,
@@ -1273,41 +1552,52 @@ class Queue:
             self._pool_ = ThreadPoolExecutor(
                 max_workers=self._threads, thread_name_prefix=f"envq-{self.name}"
             )
-        job = _ThreadJob(fn, args)
-        self._jobs.add(job)
+        job = _ThreadJob(self._stuck, fn, args)
         try:
             ok, value = await self._loop_().run_in_executor(self._pool_, job)
-            if not ok:
-                raise value
-            return value
         except asyncio.CancelledError:
-            job.abandoned = True
+            job.abandon()
             raise
-        finally:
-            if job.finished:
-                self._jobs.discard(job)
+        if not ok:
+            raise value
+        if inspect.isawaitable(value):
+            # A plain callable that returned an awaitable (``lambda env: send(env)``
+            # for an ``async def send``): it is awaited here, on the loop.
+            value = await value
+        return value
 
     async def _hook(self, name: str, env: Envelope, fn: Callable[..., Any], *args: Any) -> Any:
         """Run on_success/on_failure under its own budget; errors are the caller's."""
         async with asyncio.timeout(self.hook_timeout.budget(env.deadline)):
             return await self._call(fn, env, *args)
 
-    async def _on_success(self, env: Envelope) -> None:
+    async def _on_success(self, w: _Worker, env: Envelope) -> None:
         if env.on_success is None:
             return
         try:
             await self._hook("on_success", env, env.on_success)
-        except Exception:
-            log.exception("queue %r: on_success of %s failed", self.name, env.label())
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            if not (isinstance(exc, asyncio.CancelledError) and self._absorb_cancel(w)):
+                log.exception("queue %r: on_success of %s failed", self.name, env.label())
 
     async def _on_failure(
-        self, env: Envelope, cause: BaseException | None, attempt: int
+        self, w: _Worker, env: Envelope, cause: BaseException | None, attempt: int
     ) -> Decision:
-        """Ask ``on_failure``; a crash, an overrun or a wrong answer counts as drop."""
+        """Ask ``on_failure``; a crash, an overrun or a wrong answer counts as drop.
+
+        Interrupted by a cancel of the worker from outside, it counts as retry now:
+        the stop that cancel begins parks the envelope instead of losing it.
+        """
         assert env.on_failure is not None
         try:
             decision = await self._hook("on_failure", env, env.on_failure, cause, attempt)
-        except Exception:
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and self._absorb_cancel(w):
+                return retry_now()
             log.exception("queue %r: on_failure of %s failed (drop)", self.name, env.label())
             return drop()
         if decision is None:
@@ -1361,18 +1651,18 @@ class Queue:
         match row.action:
             case _Act.SUCCEED:
                 if env.on_success is not None:
-                    return self._succeed(env, rec, outcome, row)
+                    return self._succeed(w, env, rec, outcome, row)
                 self._enter(env, rec, outcome, row.target)
             case _Act.RESCHEDULE:
                 if env.on_success is not None:
-                    return self._reschedule(env, rec, outcome, row)
+                    return self._reschedule(w, env, rec, outcome, row)
                 self._rescheduled(env, rec, outcome, row)
             case _Act.DECIDE:
-                return self._decide(env, rec, outcome, row, cause)
+                return self._decide(w, env, rec, outcome, row, cause)
             case _Act.DECIDE_PERIODIC:
-                return self._decide_periodic(env, rec, outcome, row, cause)
+                return self._decide_periodic(w, env, rec, outcome, row, cause)
             case _Act.REPORT_FAILURE:
-                return self._report_failure(env, rec, outcome, row, cause)
+                return self._report_failure(w, env, rec, outcome, row, cause)
             case _Act.END:
                 self._enter(env, rec, outcome, row.target, cause=cause)
             case _Act.BLACKLIST:
@@ -1386,25 +1676,28 @@ class Queue:
                 assert_never(row.action)
         return None
 
-    async def _succeed(self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow) -> None:
-        await self._on_success(env)
+    async def _succeed(
+        self, w: _Worker, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
+    ) -> None:
+        await self._on_success(w, env)
         self._enter(env, rec, outcome, row.target)
 
     async def _reschedule(
-        self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
+        self, w: _Worker, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
     ) -> None:
-        await self._on_success(env)
+        await self._on_success(w, env)
         self._rescheduled(env, rec, outcome, row)
 
     def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow) -> None:
         rec.failures = 0
         if self.limiter is not None:
-            self.limiter.forget(env)
+            self._forget(env)
         delay, at = self._next_run(env, rec)
         self._requeue(env, rec, outcome, row.target, delay, None, at)
 
     async def _decide_periodic(
         self,
+        w: _Worker,
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
@@ -1418,12 +1711,13 @@ class Queue:
             to = row.target
             delay, at = self._next_run(env, rec)
         else:
-            decision = await self._on_failure(env, cause, rec.failures)
+            decision = await self._on_failure(w, env, cause, rec.failures)
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         self._requeue(env, rec, outcome, to, delay, cause, at)
 
     async def _report_failure(
         self,
+        w: _Worker,
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
@@ -1431,7 +1725,7 @@ class Queue:
         cause: BaseException | None,
     ) -> None:
         if env.on_failure is not None:
-            await self._on_failure(env, cause, self._attempt_no(rec))
+            await self._on_failure(w, env, cause, self._attempt_no(rec))
         self._enter(env, rec, outcome, row.target, cause=cause)
 
     @staticmethod
@@ -1440,6 +1734,7 @@ class Queue:
 
     async def _decide(
         self,
+        w: _Worker,
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
@@ -1450,7 +1745,7 @@ class Queue:
         attempt = rec.attempts
         to, delay = row.target, 0.0
         if env.on_failure is not None:
-            decision = await self._on_failure(env, cause, attempt)
+            decision = await self._on_failure(w, env, cause, attempt)
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         elif env.retry is not None:
             retry = env.retry
@@ -1495,6 +1790,51 @@ class Queue:
     def _unbound_clock(self) -> float:
         return self._loop_().time()
 
+    def _own_loop(self, method: str) -> None:
+        """Coroutine methods run on the queue's loop only (or, once that loop is
+        closed, anywhere: nothing else can touch the queue then, and ``terminate()``
+        can still hand back what it holds)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and asyncio.get_running_loop() is not loop:
+            raise RuntimeError(
+                f"queue {self.name!r} belongs to another event loop: await {method}() on "
+                f"that loop, e.g. asyncio.run_coroutine_threadsafe(queue.{method}(...), "
+                "queue.loop) from another thread"
+            )
+
+    def _elsewhere(self) -> bool:
+        """Whether the caller runs outside the queue's loop while that loop runs (in
+        another thread): a synchronous method must then hand itself to the loop."""
+        loop = self._loop
+        return loop is not None and _running_loop() is not loop and loop.is_running()
+
+    def _from_elsewhere(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run a synchronous method on the queue's loop for a caller in another thread
+        (or on another loop), and return its result or raise its error there.
+
+        The caller blocks until the loop has run it. Should the loop stop running
+        before it gets to the call, the call runs in place: a loop that is not running
+        lets nobody else touch the queue."""
+        loop = self._loop
+        assert loop is not None
+        done: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def call() -> None:
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    done.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(call)
+        except RuntimeError:  # closed meanwhile
+            return fn(*args, **kwargs)
+        while not concurrent.futures.wait([done], timeout=0.05).done:
+            if not loop.is_running() and done.cancel():
+                return fn(*args, **kwargs)
+        return done.result()
+
     def _now(self) -> float:
         """Loop time for events; 0.0 before the queue has seen a loop."""
         if self._loop is not None:
@@ -1520,7 +1860,7 @@ class Queue:
         for listener in list(self._listeners):
             try:
                 listener(event)
-            except Exception:
+            except BaseException:
                 log.exception("queue %r: event listener %r failed", self.name, listener)
 
 

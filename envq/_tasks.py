@@ -23,7 +23,6 @@ import concurrent.futures
 import contextvars
 import datetime as dt
 import functools
-import inspect
 import logging
 import random
 import sys
@@ -73,6 +72,29 @@ def _loop_wall(loop: asyncio.AbstractEventLoop, loop_time: float) -> dt.datetime
     return dt.datetime.fromtimestamp(now + (loop_time - loop.time()), tz=dt.UTC)
 
 
+class _TaskFuture(concurrent.futures.Future[Any]):
+    """A task's future; knows whether anyone waits on it or asked to be called back
+    (``await task``, ``task.future.result()``, ``add_done_callback``…), so that a
+    failure nobody observes can be logged."""
+
+    observed = False
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
+        """As ``concurrent.futures.Future.add_done_callback``; marks it observed."""
+        self.observed = True
+        super().add_done_callback(fn)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """As ``concurrent.futures.Future.result``; marks it observed."""
+        self.observed = True
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """As ``concurrent.futures.Future.exception``; marks it observed."""
+        self.observed = True
+        return super().exception(timeout)
+
+
 class Task:
     """One piece of work with a retry policy, dowork style (contract §8).
 
@@ -117,7 +139,8 @@ class Task:
         self._env: Envelope | None = None
         #: Resolved once the task has ended and its ``after`` callbacks have run: with
         #: ``fn``'s return value, or with the final error as its exception.
-        self.future: Final[concurrent.futures.Future[Any]] = concurrent.futures.Future()
+        self._future = _TaskFuture()
+        self.future: Final[concurrent.futures.Future[Any]] = self._future
 
     # ----------------------------------------------------------------------------------
     # Builder
@@ -282,15 +305,14 @@ class Task:
                     _INSIDE.reset(token)
 
         else:
+            engine = queue.queue
 
             async def invoke(env: Envelope) -> None:
                 n = self._begin()
                 token = _INSIDE.set(queue)
                 try:
-                    value = await queue._in_thread(self.fn)
-                    if inspect.isawaitable(value):
-                        value = await value
-                    self._value = (n, value)
+                    # In the engine's thread pool; an awaitable it returns is awaited.
+                    self._value = (n, await engine._in_thread(self.fn))
                 finally:
                     _INSIDE.reset(token)
 
@@ -298,7 +320,9 @@ class Task:
             invoke=invoke,
             id=self.name,
             deadline=self._within,
-            retry=self.retry,
+            # With one attempt there is nothing to retry: the task ends with its own
+            # error, not MaxRetriesExceeded.
+            retry=self.retry if self._attempts_max != 1 else None,
             not_before=self._not_before,
         )
         return env
@@ -335,6 +359,9 @@ class TaskQueue:
         retry waits at least what it says.
     :param threads: size of the thread pool for plain functions and callbacks
         (default ``min(32, workers + 4)``).
+    :param log_unhandled: log a task that fails while nothing observes it (no
+        ``after`` callback, nobody waiting on its future) once, at WARNING with the
+        error's traceback, through the ``envq`` logger.
     """
 
     def __init__(
@@ -346,6 +373,7 @@ class TaskQueue:
         rate: RateLimiter | None = None,
         limiter: RateLimiter | None = None,
         threads: int | None = None,
+        log_unhandled: bool = True,
     ) -> None:
         _checks.name("TaskQueue: name", name)
         where = f"TaskQueue {name!r}:"
@@ -356,15 +384,20 @@ class TaskQueue:
                 _checks.limiter(f"{where} {label}", lim)
         if threads is not None:
             _checks.integer(f"{where} threads", threads, minimum=1)
-        #: The engine the tasks run on (for ``statistics()``, ``subscribe()``…).
+        _checks.flag(f"{where} log_unhandled", log_unhandled)
+        #: The engine the tasks run on (for ``statistics()``, ``subscribe()``…). The
+        #: task queue reports failed tasks itself, so the engine does not.
         self.queue: Final = Queue(
-            name, workers=workers, capacity=capacity, rate=rate, limiter=limiter
+            name,
+            workers=workers,
+            capacity=capacity,
+            rate=rate,
+            limiter=limiter,
+            threads=threads,
+            log_unhandled=False,
         )
         self.name: Final = name
-        self._threads = threads or min(32, workers + 4)
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._in_threads = 0
-        self._counter = threading.Lock()
+        self.log_unhandled: Final = log_unhandled
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[Envelope, Task] = {}
         self._held: list[Envelope] = []
@@ -377,7 +410,7 @@ class TaskQueue:
         self._closing: asyncio.Task[None] | None = None
         self._closed = False
         self._finished: asyncio.Future[None] | None = None
-        self.queue.subscribe(self._on_event)
+        self.queue._listen(self._on_event, handles_failures=False)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "closing" if self._closing else "open"
@@ -565,25 +598,6 @@ class TaskQueue:
             self._finished = asyncio.get_running_loop().create_future()
         return self._finished
 
-    async def _in_thread(self, fn: Callable[[], Any]) -> Any:
-        """Run a plain callable in the pool, with the caller's context."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self._threads, thread_name_prefix=f"envq:{self.name}"
-            )
-        ctx = contextvars.copy_context()
-
-        def job() -> Any:
-            try:
-                return ctx.run(fn)
-            finally:
-                with self._counter:
-                    self._in_threads -= 1
-
-        with self._counter:
-            self._in_threads += 1
-        return await asyncio.get_running_loop().run_in_executor(self._pool, job)
-
     def _on_event(self, event: Event) -> None:
         env = event.envelope
         if env is None:
@@ -625,17 +639,25 @@ class TaskQueue:
     async def _finish(self, task: Task) -> None:
         _INSIDE.set(self)  # this finisher's own context
         error, value = task._outcome()
+        fut = task._future
+        if error is not None and self.log_unhandled and not task._after and not fut.observed:
+            log.warning(
+                "task %r failed and nothing observes it (no after callback, nobody "
+                "waiting on its future): %r",
+                task.name,
+                error,
+                exc_info=error,
+            )
         for callback in task._after:
             try:
                 if is_async_callable(callback):
                     await callback(error)
                 else:
-                    back = await self._in_thread(functools.partial(callback, error))
-                    if inspect.isawaitable(back):
-                        await back
-            except Exception:
+                    await self.queue._in_thread(functools.partial(callback, error))
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except BaseException:
                 log.exception("task %r: after callback %r failed", task.name, callback)
-        fut = task.future
         if not fut.done():
             if error is None:
                 fut.set_result(value)
@@ -688,29 +710,34 @@ class TaskQueue:
                 queue.start()
             self._flush_held()
             await queue.run_until_empty()
+            # The after callbacks may still need the engine's thread pool, which
+            # terminate() shuts down.
+            await self._after_callbacks()
             for env in await queue.terminate():  # nothing, unless someone else stopped it
                 handed = self._tasks.pop(env, None)
                 if handed is not None:
                     handed._release()
-            while self._finishing:
-                await asyncio.gather(*self._finishing)
+            await self._after_callbacks()
+            stuck = queue.statistics().stuck_threads
+            if stuck:
+                log.warning(
+                    "task queue %r: %d task thread(s) still running; not waiting for them",
+                    self.name,
+                    stuck,
+                )
         finally:
-            self._shutdown_pool()
             self._closed = True
             finished = self._finished
             if finished is not None and not finished.done():
                 finished.set_result(None)
 
-    def _shutdown_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        with self._counter:
-            stuck = self._in_threads
-        if stuck:
-            log.warning(
-                "task queue %r: %d task thread(s) still running; not waiting for them",
-                self.name,
-                stuck,
-            )
-        pool.shutdown(wait=not stuck, cancel_futures=True)
+    async def _after_callbacks(self) -> None:
+        """Wait until no task's ``after`` callbacks are running."""
+        finishing = self._finishing
+        while finishing:
+            batch = list(finishing)
+            await asyncio.gather(*batch, return_exceptions=True)
+            # Removed here, not only by their done callbacks: a gather of finished
+            # tasks may complete without yielding (CPython 3.12+), so those callbacks
+            # might never get to run inside this loop.
+            finishing.difference_update(batch)

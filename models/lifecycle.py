@@ -8,7 +8,8 @@ Reading rules:
 
 * one event per call of the contract's table (``start()``, ``send(...)``,
   ``await stop()``, ``await terminate()``) plus the internal ``drained`` (a stop under
-  way has nothing left to wait for); :data:`CALL_EVENTS` names the event of each
+  way has nothing left to wait for) and ``abandon`` (a worker was cancelled from
+  outside, e.g. by the event loop closing); :data:`CALL_EVENTS` names the event of each
   :class:`~envq._machine.QueueCall`;
 * a no-op call is a self-transition (``RUNNING --start--> RUNNING``);
 * a call the contract answers with an error is *not* a transition; the error class is
@@ -65,6 +66,17 @@ class LifecycleModel(StateMachine):
     #: Internal: the stop under way has nothing left to wait for → STOPPED.
     drained = s.STOPPING.to(s.STOPPED)
 
+    #: Internal: a worker task was cancelled by someone other than envq (the event
+    #: loop closing under a running queue): RUNNING → STOPPING as a cancelling STOP; a
+    #: stop under way becomes one; nothing to do once STOPPED or TERMINATED. A queue
+    #: never started has no workers, so INIT has no such event.
+    abandon = (
+        s.RUNNING.to(s.STOPPING)
+        | s.STOPPING.to.itself()
+        | s.STOPPED.to.itself()
+        | s.TERMINATED.to.itself()
+    )
+
     #: ``await terminate()``: from every live state → TERMINATED (from RUNNING as
     #: ``stop(mode=STOP, cancel=True)`` first; from STOPPING after cancelling what is in
     #: flight); a no-op once TERMINATED.
@@ -85,6 +97,7 @@ CALL_EVENTS: Final[Mapping[QueueCall, str]] = MappingProxyType(
         QueueCall.STOP: "stop",
         QueueCall.TERMINATE: "terminate",
         QueueCall.DRAINED: "drained",
+        QueueCall.ABANDON: "abandon",
     }
 )
 

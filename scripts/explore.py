@@ -4,10 +4,11 @@ An abstract queue — its lifecycle state, the stop under way, the blacklisted t
 ``capacity_used`` — holds a few envelopes with abstract states. Every operation a
 user or the clock can perform is an edge: ``start``, ``stop(mode, cancel)``,
 ``terminate``, ``send(batch)``, ``dispatch(e)``, ``due(e)``, the end of ``e``'s attempt
-with each outcome (and, for failures, each decision) and the internal ``drained``.
-A breadth-first search with memoisation on the abstract state visits every state
-reachable within a bounded number of operations and checks the invariants of
-``models/invariants.py`` at every state and on every edge.
+with each outcome (and, for failures, each decision), and the internal ``drained`` and
+``abandon`` (a worker cancelled from outside). A breadth-first search with
+memoisation on the abstract state visits every state reachable within a bounded number
+of operations and checks the invariants of ``models/invariants.py`` at every state and
+on every edge.
 
 The explorer is not the runtime: it is a plain-Python abstract model that *drives* its
 moves by the runtime tables (``envq._machine``), as the engine does — the lifecycle
@@ -301,6 +302,9 @@ class _Step:
             case LifeAction.ESCALATE_THEN_TERMINATE:
                 self.begin_stop(StopMode.STOP, CancelCause.TERMINATE)
                 self.terminating = True
+            case LifeAction.ESCALATE:
+                self.enter(call, row)
+                self.begin_stop(StopMode.STOP, CancelCause.STOP)
             case LifeAction.HAND_BACK:
                 self.enter(call, row)
                 for i, env in enumerate(self.envs):
@@ -470,6 +474,12 @@ def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]
     if (r := s.row(QueueCall.TERMINATE)) is not None:
         s.perform(QueueCall.TERMINATE, r)
     yield s
+    # abandon: a worker cancelled from outside (the loop closing); no workers in INIT
+    if world.queue is not QueueState.INIT:
+        s = step("abandon")
+        if (r := s.row(QueueCall.ABANDON)) is not None:
+            s.perform(QueueCall.ABANDON, r, mode=StopMode.STOP, cancel=True)
+        yield s
     # drained: a stop under way has nothing left to wait for
     if world.queue is QueueState.STOPPING and not any(
         e.state is EnvState.RUNNING or (e.state is EnvState.READY and world.mode is StopMode.DRAIN)

@@ -64,6 +64,7 @@ LIFE_ACTIONS: Final[Mapping[str, str]] = {
     "FINISH_STOP": "the stop has nothing left to wait for: makes the final report",
     "STOP_THEN_TERMINATE": "`stop(mode=STOP, cancel=True)`, then hands back",
     "ESCALATE_THEN_TERMINATE": "turns the stop under way into a cancelling STOP, then hands back",
+    "ESCALATE": "turns the stop under way into a cancelling STOP (ready envelopes parked)",
     "HAND_BACK": "hands back every envelope still held and ends the queue",
 }
 

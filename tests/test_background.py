@@ -220,11 +220,9 @@ class TestBackgroundQueue:
         for itself)."""
         q = envq.BackgroundQueue("self")
         t = q.submit(q.shutdown)
-        with pytest.raises(envq.MaxRetriesExceeded) as info:
+        with pytest.raises(RuntimeError, match="wait for itself"):
             t.future.result(PATIENCE)
         q.shutdown()
-        assert isinstance(info.value.__cause__, RuntimeError)
-        assert "wait for itself" in str(info.value.__cause__)
 
     def test_options_reach_the_queue(self) -> None:
         """workers and limiter are the hosted task queue's."""

@@ -158,6 +158,7 @@ class TestInit:
         assert trace.states(a) == [ES.BUFFERED]
         assert [e.from_state for e in trace.events if e.envelope is a] == [ES.NEW]
         assert q.state is QS.INIT
+        await q.terminate()
 
     async def test_stop_is_a_noop(self) -> None:
         """stop() in INIT changes nothing and returns an empty report."""
@@ -360,6 +361,7 @@ class TestStopped:
         assert again == first
         assert again.parked == (d,)
         assert snapshot(q, trace) == before
+        await q.terminate()
 
     async def test_terminate_returns_parked(self) -> None:
         """terminate() in STOPPED goes TERMINATED and hands back the parked envelopes."""
@@ -436,6 +438,7 @@ class TestCancelWithDrain:
             assert report.cancelled == ()
             assert report.completed == tuple(envs)
             assert now() == 10.0
+        await q.terminate()
 
     @pytest.mark.parametrize("state", ALL_STATES)
     async def test_explicit_drain_rejects_cancel(self, state: envq.QueueState) -> None:
@@ -449,6 +452,7 @@ class TestCancelWithDrain:
         if state is QS.STOPPING:
             report = await q.wait_stopped()
             assert report.cancelled == ()
+        await q.terminate()
 
     async def test_stop_mode_allows_cancel(self) -> None:
         """stop(cancel=True) on a STOP queue is accepted and cancels in-flight work."""
@@ -462,6 +466,7 @@ class TestCancelWithDrain:
         report = await q.stop(cancel=True)
         assert report.cancelled == (a,)
         assert trace.cancels == [("a", 1.0)]
+        await q.terminate()
 
 
 class TestRestart:
@@ -488,6 +493,7 @@ class TestRestart:
         assert report.parked == (p,)
         assert trace.queue_states() == [QS.RUNNING, QS.STOPPING, QS.STOPPED] * 3
         assert q.capacity_used == 1
+        await q.terminate()
 
 
 class TestPreStartBuffer:

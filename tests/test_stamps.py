@@ -182,7 +182,7 @@ class TestLoggingStamp:
 class TestQuietByDefault:
     def test_no_handlers_and_no_output(self) -> None:
         """envq adds no log handlers, and a logged attempt prints nothing when the
-        application has not configured logging."""
+        application has not configured logging (its failure is handled: on_failure)."""
         code = (
             "import asyncio, logging, envq\n"
             "assert logging.getLogger('envq').handlers == []\n"
@@ -192,7 +192,7 @@ class TestQuietByDefault:
             "        raise ValueError('x')\n"
             "    q = envq.Queue('q', stamps=[envq.logging_stamp()])\n"
             "    q.start()\n"
-            "    q.send(envq.Envelope(invoke=boom))\n"
+            "    q.send(envq.Envelope(invoke=boom, on_failure=lambda *a: None))\n"
             "    await asyncio.sleep(0.05)\n"
             "    await q.terminate()\n"
             "asyncio.run(main())\n"

@@ -158,6 +158,7 @@ class TestStopModeTable:
         assert report.parked == (r,)
         assert report.completed == (f,)
         assert trace.started("r") == []
+        await q.terminate()
 
     async def test_mode_argument_overrides_queue_mode(self) -> None:
         """stop(mode=DRAIN) on a STOP queue drains the ready envelopes."""
@@ -221,6 +222,7 @@ class TestStopModeTable:
         report = await q.stop()
         assert now() == 0.0
         assert report == envq.StopReport(parked=(d,), complete=True)
+        await q.terminate()
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,6 +263,7 @@ class TestParking:
         await advance(61)
         assert trace.started("p") == [0.0, 120.0, 150.0]
         await q.stop()
+        await q.terminate()
 
     async def test_retry_delay_is_kept(self) -> None:
         """An envelope waiting 40 s to retry, parked after 15 s, retries 25 s after start."""
@@ -278,6 +281,7 @@ class TestParking:
         await advance(30)
         assert trace.started("e") == [0.0, 1025.0]
         await q.stop()
+        await q.terminate()
 
     async def test_parked_ready_envelope_runs_at_start(self) -> None:
         """A ready envelope parked by a STOP-mode stop runs as soon as the queue restarts."""
@@ -352,6 +356,7 @@ class TestReschedulesDuringStop:
         await advance(10)
         assert trace.started("p") == [0.0, 107.0]
         await q.stop()
+        await q.terminate()
 
     async def test_retry_now_during_drain_is_parked(self) -> None:
         """retry_now decided during a DRAIN stop parks the envelope instead of re-running it."""
@@ -373,6 +378,7 @@ class TestReschedulesDuringStop:
         await advance(1)
         assert trace.started("e") == [0.0, 50.0]
         await q.stop()
+        await q.terminate()
 
     async def test_retry_policy_backoff_is_parked_with_its_delay(self) -> None:
         """A Retry backoff decided during a stop parks the envelope with the backoff delay."""
@@ -389,6 +395,7 @@ class TestReschedulesDuringStop:
         await advance(10)
         assert trace.started("e") == [0.0, 54.0]
         await q.stop()
+        await q.terminate()
 
     async def test_drained_ready_envelope_reschedule_is_parked(self) -> None:
         """A ready periodic envelope run by DRAIN parks its next run."""
@@ -404,6 +411,7 @@ class TestReschedulesDuringStop:
         assert report.completed == (f, p)
         assert report.parked == (p,)
         assert trace.last(p) is ES.PARKED
+        await q.terminate()
 
     async def test_due_during_drain_stays_parked(self) -> None:
         """An envelope parked at a DRAIN stop does not run when its time comes during the
@@ -442,6 +450,7 @@ class TestStopReport:
         q.send(b)
         report = await q.stop()
         assert report.parked == (c, a, b)
+        await q.terminate()
 
     async def test_completed_only_counts_attempts_ending_during_the_stop(self) -> None:
         """completed lists every attempt that finished during the stop, failed ones too,
@@ -473,6 +482,7 @@ class TestStopReport:
         with pytest.raises(AttributeError):
             setattr(report, field, ())
         assert len(report.parked) == 1
+        await q.terminate()
 
     async def test_wait_stopped_in_running_waits_for_next_stop(self) -> None:
         """wait_stopped() in RUNNING waits until the next stop completes and returns its
@@ -587,6 +597,7 @@ class TestCallsFromInside:
         assert trace.cancels == [("o", 1.0)]
         assert trace.last(c) is ES.SUCCEEDED
         assert q.state is QS.STOPPED
+        await q.terminate()
 
     async def test_stop_from_spawned_task_spares_caller(self) -> None:
         """stop(cancel=True) from a task an attempt spawned spares that attempt."""
@@ -639,6 +650,7 @@ class TestCallsFromInside:
         assert report.cancelled == (b,)
         assert report.parked == (b,)
         assert trace.last(b) is ES.PARKED
+        await q.terminate()
 
     async def test_stop_from_before_hook_spares_caller(self) -> None:
         """stop(cancel=True) from a before hook spares the attempt, which runs on to OK."""
@@ -679,6 +691,7 @@ class TestCallsFromInside:
         assert q.state is QS.STOPPED
         await advance(100)
         assert runs == [0.0, 10.0, 20.0]
+        await q.terminate()
 
     async def test_wait_stopped_from_attempt_raises(self) -> None:
         """wait_stopped() from an attempt raises RuntimeError (it would wait for itself)."""

@@ -199,12 +199,17 @@ class TestOutcome:
         assert str(info.value.__cause__) == "failure 4"
         assert t.result is info.value
 
-    async def test_single_attempt_failure_is_max_retries(self) -> None:
-        """With no retries a failure still ends with MaxRetriesExceeded (as dowork)."""
+    async def test_single_attempt_failure_is_the_users_own_error(self) -> None:
+        """With no retries configured a failure ends with the function's own error (not
+        MaxRetriesExceeded wrapping it), in ``result``, ``after`` and the future."""
+        seen: list[BaseException | None] = []
         async with envq.TaskQueue() as q:
-            t = q.enqueue(envq.Task(Flaky(fails=1)))
+            t = q.enqueue(envq.Task(Flaky(fails=1)).after(seen.append))
             await q.dispatch()
-        assert isinstance(t.result, envq.MaxRetriesExceeded)
+        assert type(t.result) is ValueError
+        assert str(t.result) == "failure 1"
+        assert seen == [t.result]
+        assert t.future.exception() is t.result
         assert t.attempts == 1
 
     async def test_success_after_retries(self) -> None:
