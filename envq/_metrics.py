@@ -403,7 +403,8 @@ class PrometheusMetrics:
                     raise
                 _COLLECTORS[registry] = collector
         self._collector: _Collector | None = collector
-        self._unsubscribe = queue.subscribe(self._source)
+        # envq's own listener: it does not count as handling failures.
+        self._unsubscribe = queue._listen(self._source, handles_failures=False)
 
     @property
     def closed(self) -> bool:

@@ -231,7 +231,7 @@ class _ThreadJob:
         # CancelledError crossing from a thread, and on_failure must see the original.
         stuck = self.stuck
         with stuck.lock:
-            if self.dead:
+            if self.dead or self.started:
                 return False, asyncio.CancelledError()
             self.started = True
         fn, self.fn = self.fn, None
@@ -1554,10 +1554,19 @@ class Queue:
             )
         job = _ThreadJob(self._stuck, fn, args)
         try:
-            ok, value = await self._loop_().run_in_executor(self._pool_, job)
-        except asyncio.CancelledError:
-            job.abandon()
-            raise
+            running = self._loop_().run_in_executor(self._pool_, job)
+        except RuntimeError:
+            # No thread can start: the interpreter is exiting (CPython 3.12+ refuses new
+            # threads then; a background queue finishes its tasks at exit). The call runs
+            # here, on the loop's thread; should a pool thread pick the queued job up
+            # after all, it finds it taken.
+            ok, value = job()
+        else:
+            try:
+                ok, value = await running
+            except asyncio.CancelledError:
+                job.abandon()
+                raise
         if not ok:
             raise value
         if inspect.isawaitable(value):

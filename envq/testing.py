@@ -216,6 +216,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """The virtual wall clock: ``wall_start`` plus the virtual time elapsed."""
         return self._wall_start + (self._now - EPOCH)
 
+    async def shutdown_default_executor(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """As the base loop's, but without a timeout: the join happens in real time,
+        and a timeout on the virtual clock would expire at once (``asyncio.Runner``
+        passes one since Python 3.12)."""
+        await super().shutdown_default_executor()
+
     def run_in_executor(
         self, executor: Executor | None, func: Callable[[Unpack[Ts]], T], *args: *Ts
     ) -> asyncio.Future[T]:
@@ -223,7 +229,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         with self._threads.lock:
             self._threads.busy += 1
         job = _Job(self._threads, func, args)
-        fut: asyncio.Future[T] = super().run_in_executor(executor, job.run)
+        try:
+            fut: asyncio.Future[T] = super().run_in_executor(executor, job.run)
+        except BaseException:
+            with self._threads.lock:
+                self._threads.busy -= 1
+            raise
         fut.add_done_callback(job.on_done)
         return fut
 

@@ -42,6 +42,7 @@ PAGES = (
     "events.md",
     "observability.md",
     "retries.md",
+    "threads.md",
 )
 NO_RUN = "<!-- no-run -->"
 PYTEST = "<!-- pytest -->"
