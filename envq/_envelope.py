@@ -198,6 +198,10 @@ class Envelope:
     schedule: Schedule = attrs.field(default=Schedule.FIXED_DELAY, validator=_check_schedule)
     # Derived at construction, read by the worker on every attempt.
     _async: bool = attrs.field(init=False, default=False)
+    _async_before: bool = attrs.field(init=False, default=False)
+    _async_after: bool = attrs.field(init=False, default=False)
+    _async_success: bool = attrs.field(init=False, default=False)
+    _async_failure: bool = attrs.field(init=False, default=False)
     _bare: bool = attrs.field(init=False, default=False)
     _rec: _Rec = attrs.field(init=False, factory=_Rec, repr=False)
 
@@ -209,6 +213,10 @@ class Envelope:
             )
         set_ = object.__setattr__
         set_(self, "_async", is_async_callable(self.invoke))
+        set_(self, "_async_before", is_async_callable(self.before))
+        set_(self, "_async_after", is_async_callable(self.after))
+        set_(self, "_async_success", is_async_callable(self.on_success))
+        set_(self, "_async_failure", is_async_callable(self.on_failure))
         set_(
             self,
             "_bare",

@@ -18,29 +18,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import inspect
 import logging
 import math
-import threading
 import time
 import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from heapq import heapify, heappop, heappush
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import Any, Final, NoReturn, TypeVar, assert_never, cast
 
 from envq import _checks, _machine
-from envq._envelope import Envelope, Invoker, Stamp, _Rec, is_async_callable
+from envq._attempt import Runner, Threads, Worker
+from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
 from envq._errors import (
     BadEnvelope,
     CapacityExceeded,
-    DoNotRetry,
     EnvqError,
     MaxRetriesExceeded,
-    StopEnvelope,
-    StopType,
     TypeBlacklisted,
 )
 from envq._limits import RateLimiter
@@ -65,17 +59,17 @@ from envq._machine import (
     QueueCall,
     QueueState,
 )
+from envq._stats import Counters, StopRun, report
+from envq._timers import Deadlines, DelayHeap
 from envq._values import (
     Attempt,
-    Decision,
     Event,
     HookTimeout,
+    Rejection,
     Schedule,
     Statistics,
     StopMode,
     StopReport,
-    drop,
-    retry_now,
 )
 
 __all__ = ["Queue", "current_attempt"]
@@ -136,58 +130,18 @@ class _Sched:
 
 #: Lifecycle actions whose row must leave the queue's state as it is.
 _STAYS: Final = frozenset(
-    {LifeAction.NOTHING, LifeAction.BUFFER, LifeAction.ADMIT, LifeAction.AWAIT_STOP}
-)
-
-#: Control signals raised by user code, first match wins (StopType before StopEnvelope).
-_SIGNALS: Final[tuple[tuple[type[BaseException], Outcome], ...]] = (
-    (StopType, Outcome.STOP_TYPE),
-    (StopEnvelope, Outcome.STOP),
-    (DoNotRetry, Outcome.NO_RETRY),
+    {
+        LifeAction.NOTHING,
+        LifeAction.BUFFER,
+        LifeAction.ADMIT,
+        LifeAction.AWAIT_STOP,
+        LifeAction.ESCALATE,
+    }
 )
 
 Listener = Callable[[Event], object]
 #: ``dead_letter(env, error)``: plain or ``async def``.
 DeadLetter = Callable[[Envelope, BaseException | None], object]
-
-
-class _Worker:
-    __slots__ = (
-        "abandoned",
-        "cancel_cause",
-        "cancellable",
-        "deadline_at",
-        "env",
-        "epoch",
-        "owed",
-        "task",
-    )
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.deadline_at: float | None = None
-        self.env: Envelope | None = None
-        self.cancellable = False
-        #: Who cancelled the attempt in flight (a stop, terminate, or the worker's
-        #: abandonment, which counts as a stop).
-        self.cancel_cause: CancelCause | None = None
-        #: envq's own ``task.cancel()`` calls not yet matched by ``uncancel()`` (0 or 1).
-        self.owed = 0
-        #: Cancelled by someone other than envq: ends its envelope, then exits.
-        self.abandoned = False
-        self.task: asyncio.Task[None] | None = None
-
-
-class _StopRun:
-    """One stop under way."""
-
-    __slots__ = ("cancelled", "completed", "done", "spared")
-
-    def __init__(self, done: asyncio.Future[None]) -> None:
-        self.completed: list[Envelope] = []
-        self.cancelled: list[Envelope] = []
-        self.done = done
-        self.spared: _Worker | None = None
 
 
 class _Waiter:
@@ -196,66 +150,6 @@ class _Waiter:
     def __init__(self, envs: tuple[Envelope, ...], fut: asyncio.Future[None]) -> None:
         self.envs = envs
         self.fut = fut
-
-
-class _Stuck:
-    """Counts a queue's thread calls that are still running although the queue has
-    stopped waiting for them (a deadline or a cancel); shared with the threads."""
-
-    __slots__ = ("count", "lock")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.count = 0
-
-
-class _ThreadJob:
-    """A plain callable on the queue's thread pool. Once the queue stops waiting for
-    it (:meth:`abandon`), it counts as stuck until its thread returns; nothing else
-    keeps it."""
-
-    __slots__ = ("abandoned", "args", "ctx", "dead", "finished", "fn", "started", "stuck")
-
-    def __init__(self, stuck: _Stuck, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.stuck = stuck
-        self.fn: Callable[..., Any] | None = fn
-        self.args = args
-        self.ctx = contextvars.copy_context()
-        self.started = False
-        self.finished = False
-        self.abandoned = False
-        self.dead = False
-
-    def __call__(self) -> tuple[bool, Any]:
-        # The error is returned, not raised: asyncio would rebuild a TimeoutError or
-        # CancelledError crossing from a thread, and on_failure must see the original.
-        stuck = self.stuck
-        with stuck.lock:
-            if self.dead or self.started:
-                return False, asyncio.CancelledError()
-            self.started = True
-        fn, self.fn = self.fn, None
-        args, self.args = self.args, ()
-        assert fn is not None
-        try:
-            return True, self.ctx.run(fn, *args)
-        except BaseException as exc:
-            return False, exc
-        finally:
-            with stuck.lock:
-                self.finished = True
-                if self.abandoned:
-                    stuck.count -= 1
-
-    def abandon(self) -> None:
-        """The queue no longer waits for this call."""
-        stuck = self.stuck
-        with stuck.lock:
-            if not self.started:
-                self.dead = True  # never runs
-            elif not self.finished and not self.abandoned:
-                self.abandoned = True
-                stuck.count += 1
 
 
 _TASKS: set[asyncio.Task[Any]] = set()
@@ -334,7 +228,6 @@ class Queue:
         self._dead_async = dead_letter is not None and is_async_callable(dead_letter)
         self._empty_waiters: list[asyncio.Future[None]] = []
         self.hook_timeout: Final = hook_timeout
-        self._threads = threads or min(32, workers + 4)
         self.log_unhandled: Final = log_unhandled
         #: Subscribed listeners that count as handling failures.
         self._handlers = 0
@@ -346,43 +239,31 @@ class Queue:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: ``loop.time`` once the queue is bound to its loop.
         self._clock: Callable[[], float] = self._unbound_clock
+        #: The live envelopes, in admission order (``capacity_used`` is its length).
         self._live: dict[Envelope, _Rec] = {}
         self._ready: deque[Envelope] = deque()
+        #: Idle workers' wake-up futures (True: work is ready; False: exit).
         self._idle: deque[asyncio.Future[bool]] = deque()
-        self._pool_: ThreadPoolExecutor | None = None
         self._epoch = 0
-        self._crew: list[_Worker] = []
+        self._crew: list[Worker] = []
         self._listeners: list[Listener] = []
         self._observed = _machine.STRICT
         self._blacklist: set[str] = set()
         self._waiters: deque[_Waiter] = deque()
-        self._run: _StopRun | None = None
+        self._run: StopRun | None = None
         self._last_report = StopReport()
         self._stopped_waiters: list[asyncio.Future[None]] = []
         #: (admission number, envelope) handed back by the terminate under way.
         self._handed: list[tuple[int, Envelope]] = []
         self._seq = 0
-        # DELAYED envelopes wait in the queue's own timer heap of (due, tick, envelope)
-        # under one loop timer for the earliest: tuples compare in C (the loop's heap
-        # compares TimerHandles with a Python ``__lt__``), envelopes due together
-        # become READY in one callback, and ties go in the order they were delayed.
-        # An entry is live while its envelope is here with the same ``tick`` (a rec's
-        # tick is non-zero exactly while it is DELAYED); others are stale, skipped when
-        # popped (``_stale`` counts them).
-        self._heap: list[tuple[float, int, Envelope]] = []
-        self._ticks = 0
-        self._stale = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
-        self._stuck = _Stuck()
-        # Statistics.
-        self._terminal = {state: 0 for state in EnvState if state in _TERMINAL}
-        self._outcomes = dict.fromkeys(Outcome, 0)
-        self._dedups = 0
-        self._rejections = dict.fromkeys(
-            ("state", "invalid", "blacklisted", "foreign", "capacity"), 0
+        self._counts = Counters()
+        self._delays = DelayHeap(self, self._due)
+        self._deadlines = Deadlines(self._expire)
+        self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
+        self._runner = Runner(
+            name, stamps, hook_timeout, self._threads, self._deadlines, self._abandon
         )
-        #: What ``async with`` handed back on exit.
+        #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
 
     # ----------------------------------------------------------------------------------
@@ -428,7 +309,7 @@ class Queue:
                 f"queue {self.name!r}: start() needs a running event loop (call it from a "
                 "coroutine, or from any thread once the queue's loop is running)"
             )
-        self._loop_()
+        self._bound_loop()
         self._life(LIFECYCLE[(self._state, QueueCall.START)], QueueCall.START)
 
     def send(self, *envelopes: Envelope) -> None:
@@ -478,7 +359,7 @@ class Queue:
             id(env) for env in batch if not (isinstance(env, Envelope) and env._rec.owner is self)
         }
         if self.capacity and len(distinct) > self.capacity:
-            self._rejections["capacity"] += 1
+            self._counts.rejections[Rejection.CAPACITY] += 1
             raise CapacityExceeded(
                 f"queue {self.name!r}: a batch of {len(distinct)} envelopes can never fit "
                 f"capacity {self.capacity}"
@@ -486,7 +367,7 @@ class Queue:
         # Woken (first come, first served) when the batch fits or would be refused, the
         # producer admits it itself: a producer cancelled or timed out after being woken
         # has admitted nothing, and the next one is woken instead.
-        loop = self._loop_()
+        loop = self._bound_loop()
         waiter = _Waiter(batch, loop.create_future())
         self._waiters.append(waiter)
         try:
@@ -497,7 +378,7 @@ class Queue:
                         return
                     waiter.fut = loop.create_future()
         except TimeoutError:
-            self._rejections["capacity"] += 1
+            self._counts.rejections[Rejection.CAPACITY] += 1
             raise CapacityExceeded(
                 f"queue {self.name!r}: no room for {len(batch)} envelope(s) within "
                 f"{timeout!r} s (capacity {self.capacity})"
@@ -538,7 +419,7 @@ class Queue:
         if waiting is None:
             return self._last_report
         if self._inside() is not None or not (self.wait if wait is None else wait):
-            return self._report()
+            return self._make_report()
         await asyncio.shield(waiting)
         return self._last_report
 
@@ -552,7 +433,7 @@ class Queue:
             raise RuntimeError(f"queue {self.name!r}: wait_stopped() from inside the queue")
         if self._state in (QueueState.STOPPED, QueueState.TERMINATED):
             return self._last_report
-        fut = self._loop_().create_future()
+        fut = self._bound_loop().create_future()
         self._stopped_waiters.append(fut)
         await asyncio.shield(fut)
         return self._last_report
@@ -587,7 +468,7 @@ class Queue:
             return []
         if waiting is None:
             return self._hand_over()
-        closing = self._closing = self._loop_().create_task(
+        closing = self._closing = self._bound_loop().create_task(
             self._terminating(waiting), name=f"envq:{self.name}:terminate"
         )
         _TASKS.add(closing)
@@ -631,7 +512,7 @@ class Queue:
             raise RuntimeError(f"queue {self.name!r}: run_until_empty() from inside the queue")
         self.start()
         if self._live:
-            fut = self._loop_().create_future()
+            fut = self._bound_loop().create_future()
             self._empty_waiters.append(fut)
             await asyncio.shield(fut)
         return await self.stop()
@@ -696,20 +577,12 @@ class Queue:
         """A frozen snapshot of the queue's state and counters."""
         if self._elsewhere():
             return self._from_elsewhere(self.statistics)
-        by_state = {state: 0 for state in EnvState if state in _machine.LIVE_STATES}
-        for rec in self._live.values():
-            by_state[rec.state] += 1
-        by_state.update(self._terminal)
-        return Statistics(
-            state=self._state,
-            by_state=MappingProxyType(by_state),
+        return self._counts.snapshot(
+            self._state,
+            (rec.state for rec in self._live.values()),
             in_flight=sum(1 for w in self._crew if w.env is not None),
-            capacity_used=len(self._live),
             capacity_limit=self.capacity,
-            outcomes=MappingProxyType(dict(self._outcomes)),
-            dedups=self._dedups,
-            rejections=MappingProxyType(dict(self._rejections)),
-            stuck_threads=self._stuck.count,
+            stuck_threads=self._threads.stuck,
         )
 
     async def __aenter__(self) -> Queue:
@@ -785,7 +658,7 @@ class Queue:
                 return None
             case LifeAction.REJECT:
                 assert row.error is not None
-                self._rejections["state"] += 1
+                self._counts.rejections[Rejection.STATE] += 1
                 about = ", ".join(
                     env.label() if isinstance(env, Envelope) else repr(env) for env in batch[:3]
                 )
@@ -834,14 +707,14 @@ class Queue:
         return row
 
     def _arm_all(self, row: LifeRow) -> None:
-        loop = self._loop_()
+        loop = self._bound_loop()
         self._epoch += 1
         self._run = None
         # Waiting producers are let in only once everything already admitted is armed:
         # their envelopes enter READY/DELAYED by admission, not by START, and queue up
         # behind the earlier ones.
         self._set_state(row.target, pump=False)
-        self._crew = [_Worker(self._epoch) for _ in range(self.workers)]
+        self._crew = [Worker(self._epoch) for _ in range(self.workers)]
         for n, w in enumerate(self._crew):
             w.task = task = loop.create_task(self._work(w), name=f"envq:{self.name}:worker-{n}")
             # The loop holds tasks weakly: keep workers alive even if the queue is dropped.
@@ -856,7 +729,7 @@ class Queue:
     def _begin_stop(
         self, row: LifeRow, mode: StopMode, cause: CancelCause | None
     ) -> asyncio.Future[None]:
-        run = self._run = _StopRun(self._loop_().create_future())
+        run = self._run = StopRun(self._bound_loop().create_future())
         run.spared = self._inside()
         self._set_state(row.target)
         self._park(mode)
@@ -878,15 +751,15 @@ class Queue:
         parkable = (EnvState.DELAYED, _READY) if mode is StopMode.STOP else (EnvState.DELAYED,)
         if mode is StopMode.STOP:
             self._ready.clear()
-        now = self._loop_().time()
+        now = self._bound_loop().time()
         for env, rec in self._live.items():
             if rec.state in parkable:
                 rec.tick = 0
                 remaining = max(0.0, rec.due - now) if rec.state is EnvState.DELAYED else 0.0
                 self._move(env, rec, EnvEvent.STOP, EnvState.PARKED)
                 rec.due = remaining
-        # Both modes park every DELAYED envelope: no entry of the timer heap is live.
-        self._clear_timers()
+        # Both modes park every DELAYED envelope: no entry of the delay heap is live.
+        self._delays.clear()
 
     def _cancel_in_flight(self, cause: CancelCause | None) -> None:
         if cause is None:
@@ -909,7 +782,8 @@ class Queue:
 
     def _finish_stop(self, row: LifeRow) -> None:
         self._set_state(row.target)
-        self._last_report = self._report()
+        self._deadlines.disarm()  # no worker holds an envelope: no limit is running
+        self._last_report = self._make_report()
         run = self._run
         self._run = None
         idle = self._idle
@@ -927,9 +801,8 @@ class Queue:
         self._set_state(row.target)
         for env, rec in list(self._live.items()):
             self._enter(env, rec, EnvEvent.TERMINATE, EnvState.RETURNED)
-        if self._pool_ is not None:
-            self._pool_.shutdown(wait=False, cancel_futures=True)
-            self._pool_ = None
+        self._threads.shutdown()
+        self._deadlines.disarm()
         self._wake_stopped()
 
     def _wake_empty(self) -> None:
@@ -940,7 +813,7 @@ class Queue:
         dead_letter = self.dead_letter
         assert dead_letter is not None
         if self._dead_async:
-            task = self._loop_().create_task(self._dead_letter_async(dead_letter, env, error))
+            task = self._bound_loop().create_task(self._dead_letter_async(dead_letter, env, error))
             _TASKS.add(task)
             task.add_done_callback(_TASKS.discard)
             return
@@ -963,13 +836,11 @@ class Queue:
         waiters, self._stopped_waiters = self._stopped_waiters, []
         _release(waiters)
 
-    def _report(self) -> StopReport:
-        run = self._run
-        return StopReport(
-            parked=tuple(env for env, rec in self._live.items() if rec.state is EnvState.PARKED),
-            completed=tuple(run.completed) if run else (),
-            cancelled=tuple(run.cancelled) if run else (),
-            complete=self._state in (QueueState.STOPPED, QueueState.TERMINATED),
+    def _make_report(self) -> StopReport:
+        return report(
+            self._run,
+            (env for env, rec in self._live.items() if rec.state is _PARKED),
+            self._state in (QueueState.STOPPED, QueueState.TERMINATED),
         )
 
     # ----------------------------------------------------------------------------------
@@ -1014,7 +885,7 @@ class Queue:
             elif over or self._waiters:
                 why = "producers are waiting in send_wait" if not over else "no room"
                 self._reject(
-                    "capacity",
+                    Rejection.CAPACITY,
                     CapacityExceeded,
                     f"{why} for {count} envelope(s): {len(self._live)} of "
                     f"{self.capacity} used ({fresh[0].label()})",
@@ -1043,7 +914,7 @@ class Queue:
                 enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
         self._seq = seq
         if dedups:
-            self._dedups += dedups
+            self._counts.dedups += dedups
         return True
 
     def _refuse(self, items: Sequence[object]) -> NoReturn:
@@ -1051,12 +922,12 @@ class Queue:
         validation, then the blacklist, then dedup / another queue."""
         for item in items:
             if not isinstance(item, Envelope):
-                self._reject("invalid", BadEnvelope, f"not an Envelope: {item!r}")
+                self._reject(Rejection.INVALID, BadEnvelope, f"not an Envelope: {item!r}")
         batch = cast("Sequence[Envelope]", items)
         for env in batch:
             if env.type in self._blacklist:
                 self._reject(
-                    "blacklisted",
+                    Rejection.BLACKLISTED,
                     TypeBlacklisted,
                     f"type {env.type!r} is blacklisted ({env.label()})",
                 )
@@ -1064,18 +935,18 @@ class Queue:
             owner = env._rec.owner
             if owner is not None and owner is not self:
                 self._reject(
-                    "foreign", BadEnvelope, f"{env.label()} is live in queue {owner.name!r}"
+                    Rejection.FOREIGN, BadEnvelope, f"{env.label()} is live in queue {owner.name!r}"
                 )
         raise AssertionError("_refuse called on a valid batch")
 
-    def _reject(self, reason: str, error: type[EnvqError], message: str) -> NoReturn:
-        self._rejections[reason] += 1
+    def _reject(self, reason: Rejection, error: type[EnvqError], message: str) -> NoReturn:
+        self._counts.rejections[reason] += 1
         raise error(f"queue {self.name!r}: {message}")
 
     def _first_delay(self, env: Envelope) -> float:
         delay = env.delay
         if env.not_before is not None:
-            wall = getattr(self._loop_(), "wall_time", None)
+            wall = getattr(self._bound_loop(), "wall_time", None)
             now = wall() if callable(wall) else _wall_now()
             delay = max(delay, env.not_before.timestamp() - now)
         return delay
@@ -1173,16 +1044,13 @@ class Queue:
                     break
         elif to is _DELAYED:
             due = rec.due = self._clock() + delay if at is None else at
-            tick = rec.tick = self._ticks = self._ticks + 1
-            heappush(self._heap, (due, tick, env))
-            if due < self._timer_at:
-                self._arm_timer(due)
+            self._delays.push(env, rec, due)
         elif to in _TERMINAL:
             del self._live[env]
             rec.owner = None
-            self._terminal[to] += 1
+            self._counts.terminal[to] += 1
             if rec.tick:
-                self._disarm(rec)
+                self._delays.drop(rec)
             if self.limiter is not None:
                 self._forget(env)
             if to is _RETURNED:
@@ -1208,59 +1076,9 @@ class Queue:
         else:
             raise AssertionError(f"{to.name} is not entered through _enter")
 
-    def _arm_timer(self, due: float) -> None:
-        """(Re)arm the loop timer for the heap's earliest entry, due at ``due``."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = due
-        self._timer = self._loop_().call_at(due, self._on_due)
-
-    def _on_due(self) -> None:
-        """The loop timer: every envelope due by now (within the loop's clock
-        resolution, as the loop itself fires timers) becomes READY, earliest first."""
-        self._timer = None
-        self._timer_at = math.inf
-        heap = self._heap
-        loop = self._loop_()
-        # Read the clock once: an entry pushed by a READY entry's wake-up is never due.
-        limit = loop.time() + getattr(loop, "_clock_resolution", 0.0)
-        while heap and heap[0][0] <= limit:
-            _due, tick, env = heappop(heap)
-            if not self._is_live(tick, env):
-                self._stale -= 1
-                continue
-            rec = env._rec
-            rec.tick = 0
-            self._enter(env, rec, _DUE, _READY)
-        if heap and self._timer is None:
-            self._arm_timer(heap[0][0])
-
-    def _is_live(self, tick: int, env: Envelope) -> bool:
-        """Whether a heap entry is its envelope's current one in this queue."""
-        rec = env._rec
-        return rec.tick == tick and rec.owner is self
-
-    def _disarm(self, rec: _Rec) -> None:
-        """A DELAYED envelope leaves early: its heap entry goes stale. The heap is
-        rebuilt once stale entries outnumber the live ones by 64 (they hold
-        envelopes)."""
-        rec.tick = 0
-        self._stale += 1
-        heap = self._heap
-        if self._stale > 64 + (len(heap) - self._stale):
-            heap[:] = [entry for entry in heap if self._is_live(entry[1], entry[2])]
-            heapify(heap)
-            self._stale = 0
-            if not heap:
-                self._clear_timers()
-
-    def _clear_timers(self) -> None:
-        self._heap.clear()
-        self._stale = 0
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = math.inf
+    def _due(self, env: Envelope, rec: _Rec) -> None:
+        """The delay heap's call: ``env``'s time has come."""
+        self._enter(env, rec, _DUE, _READY)
 
     def _limit(self, limiter: RateLimiter, env: Envelope, role: str) -> float:
         """``limiter.when(env)`` as seconds to wait; a limiter that raises or answers
@@ -1332,7 +1150,7 @@ class Queue:
     # Workers and attempts
     # ----------------------------------------------------------------------------------
 
-    async def _work(self, w: _Worker) -> None:
+    async def _work(self, w: Worker) -> None:
         try:
             await self._serve(w)
         except asyncio.CancelledError:
@@ -1341,12 +1159,14 @@ class Queue:
             self._abandon(w)
             raise
 
-    async def _serve(self, w: _Worker) -> None:
+    async def _serve(self, w: Worker) -> None:
         ready = self._ready
         idle = self._idle
         live = self._live
-        loop = self._loop_()
+        loop = self._bound_loop()
         rate = self.rate
+        runner = self._runner
+        call = self._threads.call
         bare_queue = not self.stamps
         paid = False
         while True:
@@ -1355,6 +1175,8 @@ class Queue:
                 # here, before idling, not on every envelope.
                 if w.epoch != self._epoch or self._state not in DISPATCHING:
                     return
+                if self._deadlines.armed:
+                    self._disarm_deadlines()
                 fut: asyncio.Future[bool] = loop.create_future()
                 idle.append(fut)
                 if not await fut:
@@ -1386,14 +1208,14 @@ class Queue:
                         if env._async:
                             await env.invoke(env)  # type: ignore[misc]
                         else:
-                            await self._in_thread(env.invoke, env)
+                            await call(env.invoke, env)
                     except BaseException as exc:
-                        outcome, cause = self._classify(w, env, exc), exc
+                        outcome, cause = runner.classify(w, env, exc), exc
                     else:
                         outcome, cause = _OK, None
                     w.cancellable = False
                 else:
-                    outcome, cause = await self._attempt(w, env)
+                    outcome, cause = await runner.attempt(w, env)
                 pending = self._settle(w, env, rec, outcome, cause)
                 if pending is not None:
                     await pending
@@ -1409,15 +1231,37 @@ class Queue:
                 w.cancel_cause = None
                 w.deadline_at = None
                 if w.owed:  # user code swallowed envq's cancel: settle the task's count
-                    w.owed = 0
-                    if w.task is not None:
-                        w.task.uncancel()
+                    runner.absorb_cancel(w)
             if self._run is not None and not ready:
                 self._check_drained()
             if w.abandoned:
                 raise asyncio.CancelledError
 
-    def _abandon(self, w: _Worker) -> None:
+    def _expire(self, limit: float) -> float:
+        """The deadline timer: cancel every worker whose limit is ``<= limit``; the
+        earliest limit still running (inf for none)."""
+        following = math.inf
+        for w in self._crew:
+            at = w.expiry
+            if at <= limit:
+                w.expiry = math.inf
+                w.fired = at
+                if w.task is not None:
+                    w.owed += 1
+                    w.task.cancel()
+            elif at < following:
+                following = at
+        return following
+
+    def _disarm_deadlines(self) -> None:
+        """A worker goes idle: once no worker has a limit running, the deadline timer
+        is disarmed (a timer left armed would move a virtual clock for nothing)."""
+        for w in self._crew:
+            if w.expiry < math.inf:
+                return
+        self._deadlines.disarm()
+
+    def _abandon(self, w: Worker) -> None:
         """The worker's task was cancelled by someone other than envq (typically the
         event loop closing): the queue stops at once, cancelling and parking
         everything (the ABANDON row), and the worker exits once its envelope is
@@ -1435,191 +1279,6 @@ class Queue:
             mode=StopMode.STOP,
             cause=CancelCause.STOP,
         )
-
-    def _absorb_cancel(self, w: _Worker) -> bool:
-        """A ``CancelledError`` reached the worker's attempt or hook: True when the
-        worker itself was cancelled (by envq, or from outside, which abandons the
-        queue), False when user code raised it on its own."""
-        task = w.task
-        ours = w.owed
-        if task is None:
-            return False
-        if ours:
-            w.owed = 0
-            task.uncancel()
-        if task.cancelling():
-            self._abandon(w)
-            return True
-        return bool(ours)
-
-    def _classify(self, w: _Worker, env: Envelope, exc: BaseException, *cms: Any) -> Outcome:
-        """The outcome an exception from before/the invoker chain stands for."""
-        for signal, outcome in _SIGNALS:
-            if isinstance(exc, signal):
-                if outcome is Outcome.STOP_TYPE and not env.type:
-                    return Outcome.STOP
-                return outcome
-        if isinstance(exc, asyncio.CancelledError):
-            return Outcome.CANCELLED if self._absorb_cancel(w) else Outcome.ERROR
-        if isinstance(exc, TimeoutError) and any(cm is not None and cm.expired() for cm in cms):
-            return Outcome.TIMEOUT
-        if isinstance(exc, GeneratorExit):
-            raise exc
-        # Any other exception, KeyboardInterrupt and SystemExit included: the attempt
-        # failed; the worker carries on.
-        return Outcome.ERROR
-
-    async def _attempt(self, w: _Worker, env: Envelope) -> tuple[Outcome, BaseException | None]:
-        """``before → stamps → invoke → after`` under the deadline and hook budgets."""
-        loop = self._loop_()
-        deadline_at = w.deadline_at = loop.time() + env.deadline if env.deadline else None
-        budget = self.hook_timeout.budget(env.deadline)
-        stopped: BaseException | None = None
-        dl: asyncio.Timeout | None = None
-        bcm: asyncio.Timeout | None = None
-        w.cancellable = True
-        try:
-            async with asyncio.timeout_at(deadline_at) as dl:
-                try:
-                    if env.before is not None:
-                        async with asyncio.timeout(budget) as bcm:
-                            await self._call(env.before, env)
-                        if bcm.expired():  # before swallowed its budget's cancel
-                            raise TimeoutError(f"before overran its budget of {budget} s")
-                    await self._chain(env)(env)
-                except StopEnvelope as exc:
-                    stopped = exc
-            if dl.expired() and stopped is None:  # user code swallowed the deadline's cancel
-                raise TimeoutError(f"deadline of {env.deadline} s expired")
-        except BaseException as exc:
-            w.cancellable = False
-            return self._classify(w, env, exc, dl, bcm), exc
-        if env.after is not None:
-            limit = budget
-            if deadline_at is not None:
-                left = deadline_at - loop.time()
-                limit = left if limit is None else min(limit, left)
-            try:
-                async with asyncio.timeout(limit):
-                    await self._call(env.after, env)
-            except StopEnvelope as exc:
-                stopped = stopped or exc
-            except asyncio.CancelledError:
-                # A cancel of the worker that lands in after keeps the outcome.
-                if not self._absorb_cancel(w):
-                    log.warning(
-                        "queue %r: after hook of %s raised CancelledError (ignored)",
-                        self.name,
-                        env.label(),
-                    )
-            except GeneratorExit:
-                raise
-            except BaseException:
-                log.warning(
-                    "queue %r: after hook of %s failed (ignored)",
-                    self.name,
-                    env.label(),
-                    exc_info=True,
-                )
-        w.cancellable = False
-        if stopped is not None:
-            return self._classify(w, env, stopped), stopped
-        return _OK, None
-
-    def _chain(self, env: Envelope) -> Invoker:
-        invoke = env.invoke
-        inner: Invoker
-        if env._async:
-            inner = invoke  # type: ignore[assignment]
-        else:
-
-            async def inner(e: Envelope) -> None:
-                await self._in_thread(invoke, e)
-
-        for stamp in reversed(env.stamps):
-            inner = stamp(inner)
-        for stamp in reversed(self.stamps):
-            inner = stamp(inner)
-        return inner
-
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if is_async_callable(fn):
-            return await fn(*args)
-        return await self._in_thread(fn, *args)
-
-    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._pool_ is None:
-            self._pool_ = ThreadPoolExecutor(
-                max_workers=self._threads, thread_name_prefix=f"envq-{self.name}"
-            )
-        job = _ThreadJob(self._stuck, fn, args)
-        try:
-            running = self._loop_().run_in_executor(self._pool_, job)
-        except RuntimeError:
-            # No thread can start: the interpreter is exiting (CPython 3.12+ refuses new
-            # threads then; a background queue finishes its tasks at exit). The call runs
-            # here, on the loop's thread; should a pool thread pick the queued job up
-            # after all, it finds it taken.
-            ok, value = job()
-        else:
-            try:
-                ok, value = await running
-            except asyncio.CancelledError:
-                job.abandon()
-                raise
-        if not ok:
-            raise value
-        if inspect.isawaitable(value):
-            # A plain callable that returned an awaitable (``lambda env: send(env)``
-            # for an ``async def send``): it is awaited here, on the loop.
-            value = await value
-        return value
-
-    async def _hook(self, name: str, env: Envelope, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run on_success/on_failure under its own budget; errors are the caller's."""
-        async with asyncio.timeout(self.hook_timeout.budget(env.deadline)):
-            return await self._call(fn, env, *args)
-
-    async def _on_success(self, w: _Worker, env: Envelope) -> None:
-        if env.on_success is None:
-            return
-        try:
-            await self._hook("on_success", env, env.on_success)
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            if not (isinstance(exc, asyncio.CancelledError) and self._absorb_cancel(w)):
-                log.exception("queue %r: on_success of %s failed", self.name, env.label())
-
-    async def _on_failure(
-        self, w: _Worker, env: Envelope, cause: BaseException | None, attempt: int
-    ) -> Decision:
-        """Ask ``on_failure``; a crash, an overrun or a wrong answer counts as drop.
-
-        Interrupted by a cancel of the worker from outside, it counts as retry now:
-        the stop that cancel begins parks the envelope instead of losing it.
-        """
-        assert env.on_failure is not None
-        try:
-            decision = await self._hook("on_failure", env, env.on_failure, cause, attempt)
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and self._absorb_cancel(w):
-                return retry_now()
-            log.exception("queue %r: on_failure of %s failed (drop)", self.name, env.label())
-            return drop()
-        if decision is None:
-            return drop()
-        if not isinstance(decision, Decision):
-            log.error(
-                "queue %r: on_failure of %s returned %r, not a Decision (drop)",
-                self.name,
-                env.label(),
-                decision,
-            )
-            return drop()
-        return decision
 
     def _next_run(self, env: Envelope, rec: _Rec) -> tuple[float, float | None]:
         """Seconds from now to the envelope's next periodic run, and for FIXED_RATE
@@ -1641,7 +1300,7 @@ class Queue:
 
     def _settle(
         self,
-        w: _Worker,
+        w: Worker,
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
@@ -1652,7 +1311,7 @@ class Queue:
         Rows whose action needs no hook complete here; the others return the coroutine
         that runs the hook and then completes the row.
         """
-        self._outcomes[outcome] += 1
+        self._counts.outcomes[outcome] += 1
         row: OutcomeRow = OUTCOMES[(rec.kind, outcome)]
         run = self._run
         if run is not None:
@@ -1686,15 +1345,15 @@ class Queue:
         return None
 
     async def _succeed(
-        self, w: _Worker, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
+        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
     ) -> None:
-        await self._on_success(w, env)
+        await self._runner.on_success(w, env)
         self._enter(env, rec, outcome, row.target)
 
     async def _reschedule(
-        self, w: _Worker, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
+        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
     ) -> None:
-        await self._on_success(w, env)
+        await self._runner.on_success(w, env)
         self._rescheduled(env, rec, outcome, row)
 
     def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow) -> None:
@@ -1706,7 +1365,7 @@ class Queue:
 
     async def _decide_periodic(
         self,
-        w: _Worker,
+        w: Worker,
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
@@ -1720,13 +1379,13 @@ class Queue:
             to = row.target
             delay, at = self._next_run(env, rec)
         else:
-            decision = await self._on_failure(w, env, cause, rec.failures)
+            decision = await self._runner.on_failure(w, env, cause, rec.failures)
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         self._requeue(env, rec, outcome, to, delay, cause, at)
 
     async def _report_failure(
         self,
-        w: _Worker,
+        w: Worker,
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
@@ -1734,7 +1393,7 @@ class Queue:
         cause: BaseException | None,
     ) -> None:
         if env.on_failure is not None:
-            await self._on_failure(w, env, cause, self._attempt_no(rec))
+            await self._runner.on_failure(w, env, cause, self._attempt_no(rec))
         self._enter(env, rec, outcome, row.target, cause=cause)
 
     @staticmethod
@@ -1743,7 +1402,7 @@ class Queue:
 
     async def _decide(
         self,
-        w: _Worker,
+        w: Worker,
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
@@ -1754,7 +1413,7 @@ class Queue:
         attempt = rec.attempts
         to, delay = row.target, 0.0
         if env.on_failure is not None:
-            decision = await self._on_failure(w, env, cause, attempt)
+            decision = await self._runner.on_failure(w, env, cause, attempt)
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         elif env.retry is not None:
             retry = env.retry
@@ -1789,15 +1448,19 @@ class Queue:
     # Helpers
     # ----------------------------------------------------------------------------------
 
-    def _loop_(self) -> asyncio.AbstractEventLoop:
+    def _bound_loop(self) -> asyncio.AbstractEventLoop:
+        """The queue's loop; the running one becomes it on first use."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
             self._clock = loop.time
+            self._delays.bind(loop)
+            self._deadlines.bind(loop)
+            self._runner.bind(loop)
         return loop
 
     def _unbound_clock(self) -> float:
-        return self._loop_().time()
+        return self._bound_loop().time()
 
     def _own_loop(self, method: str) -> None:
         """Coroutine methods run on the queue's loop only (or, once that loop is
@@ -1853,7 +1516,7 @@ class Queue:
         except RuntimeError:
             return 0.0
 
-    def _inside(self) -> _Worker | None:
+    def _inside(self) -> Worker | None:
         """The worker running the attempt the current task belongs to, if it is one of
         this queue's attempts still in progress (or its hooks)."""
         env = _ATTEMPT.get()

@@ -22,7 +22,6 @@ import asyncio
 import concurrent.futures
 import contextvars
 import datetime as dt
-import functools
 import logging
 import random
 import sys
@@ -312,7 +311,7 @@ class Task:
                 token = _INSIDE.set(queue)
                 try:
                     # In the engine's thread pool; an awaitable it returns is awaited.
-                    self._value = (n, await engine._in_thread(self.fn))
+                    self._value = (n, await engine._threads.call(self.fn))
                 finally:
                     _INSIDE.reset(token)
 
@@ -653,7 +652,7 @@ class TaskQueue:
                 if is_async_callable(callback):
                     await callback(error)
                 else:
-                    await self.queue._in_thread(functools.partial(callback, error))
+                    await self.queue._threads.call(callback, error)
             except (asyncio.CancelledError, GeneratorExit):
                 raise
             except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
@@ -23,6 +24,7 @@ __all__ = [
     "Decision",
     "Event",
     "HookTimeout",
+    "Rejection",
     "Retry",
     "Schedule",
     "Statistics",
@@ -41,6 +43,29 @@ class StopMode(_Enum):
     DRAIN = "drain"
     #: Ready envelopes are parked, not started.
     STOP = "stop"
+
+
+class Rejection(enum.StrEnum):
+    """Why a ``send`` was refused: the keys of ``Statistics.rejections``.
+
+    Members are strings (``Rejection.CAPACITY == "capacity"``), so the mapping can be
+    read with either.
+    """
+
+    #: The queue's state refuses sends (STOPPING, STOPPED, TERMINATED).
+    STATE = "state"
+    #: Not an :class:`envq.Envelope`.
+    INVALID = "invalid"
+    #: The envelope's ``type`` was blacklisted by a ``StopType``.
+    BLACKLISTED = "blacklisted"
+    #: The envelope is live in another queue.
+    FOREIGN = "foreign"
+    #: No room (or producers are waiting in ``send_wait``).
+    CAPACITY = "capacity"
+
+    def __repr__(self) -> str:
+        # A mapping keyed by reasons prints as {'capacity': 1}, as it did with strings.
+        return repr(self.value)
 
 
 class Schedule(_Enum):
@@ -239,8 +264,8 @@ class Statistics:
     capacity_limit: int
     outcomes: Mapping[Outcome, int]
     dedups: int
-    #: Rejected ``send`` calls by reason (``state``, ``invalid``, ``blacklisted``,
-    #: ``foreign``, ``capacity``).
-    rejections: Mapping[str, int]
+    #: Rejected ``send`` calls by :class:`Rejection` (whose members are strings:
+    #: ``rejections["capacity"]`` works too).
+    rejections: Mapping[Rejection, int]
     #: Threads still running a call the queue stopped waiting for.
     stuck_threads: int

@@ -665,7 +665,7 @@ class TestStuckThreads:
 
 
 FORK = """
-import os, sys, envq
+import os, signal, sys, time, envq
 q = envq.BackgroundQueue("forked")
 print("parent", q.submit(lambda: 1).future.result(10), flush=True)
 pid = os.fork()
@@ -679,8 +679,16 @@ if pid == 0:
     q.shutdown(timeout=5)
     envq.shutdown()
     os._exit(0)
-_, status = os.waitpid(pid, 0)
-print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+for _ in range(400):  # a child that hangs is killed, never left behind
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    print("child hung", flush=True)
 print("parent again", q.submit(lambda: 4).future.result(10), flush=True)
 q.shutdown()
 """

@@ -485,6 +485,81 @@ class TestLifecycleRows:
         assert last.state is QS.STOPPED
 
 
+class TestAbandonRows:
+    """(state, ABANDON): a worker task cancelled by someone other than envq (the loop
+    closing). The tests cancel the queue's worker tasks as ``asyncio.run`` would."""
+
+    @staticmethod
+    def workers(w: World) -> list[asyncio.Task[Any]]:
+        prefix = f"envq:{w.q.name}:worker-"
+        return [t for t in asyncio.all_tasks() if t.get_name().startswith(prefix)]
+
+    async def test_running_abandon_stops_cancelling_and_parking(self) -> None:
+        """(RUNNING, ABANDON) BEGIN_STOP → STOPPING (a cancelling STOP): the attempt
+        in flight ends CANCELLED and parked, the ready envelope is parked unrun, the
+        stop completes, and the worker ends cancelled."""
+        w = World(workers=1)
+        a, b = w.env("a", ("sleep", 50, "ok")), w.env("b")
+        w.q.start()
+        w.q.send(a, b)
+        await advance(1)
+        [task] = self.workers(w)
+        task.cancel()
+        await settle()
+        assert w.queue_path() == ["INIT>RUNNING", "RUNNING>STOPPING", "STOPPING>STOPPED"]
+        assert w.path(a) == ["NEW>READY", "READY>RUNNING", "RUNNING>PARKED/CANCELLED"]
+        assert w.path(b) == ["NEW>READY", "READY>PARKED"]
+        assert w.runs("b") == []
+        assert task.cancelled()
+        assert await w.q.terminate() == [a, b]
+
+    async def test_stopping_abandon_escalates(self) -> None:
+        """(STOPPING, ABANDON) ESCALATE: a DRAIN stop waiting for ready work that no
+        worker will run any more becomes a cancelling STOP: the ready envelope is
+        parked unrun and the stop completes."""
+        w = World(workers=1)
+        a, b = w.env("a", ("sleep", 50, "ok")), w.env("b")
+        w.q.start()
+        w.q.send(a, b)
+        await advance(1)
+        assert (await w.q.stop(DRAIN, wait=False)).complete is False
+        waiting = asyncio.ensure_future(w.q.stop())  # waits for the stop under way
+        [task] = self.workers(w)
+        task.cancel()
+        await settle()
+        assert w.q.state is QS.STOPPED
+        report = await within(waiting, 0)
+        assert report.cancelled == (a,)
+        assert report.parked == (a, b)
+        assert w.path(a)[-1] == "RUNNING>PARKED/CANCELLED"
+        assert w.path(b) == ["NEW>READY", "READY>PARKED"]
+        assert w.runs("b") == []
+        assert now() == 1.0
+        assert await w.q.terminate() == [a, b]
+
+    @pytest.mark.parametrize("then", ["stopped", "terminated"])
+    async def test_stopped_and_terminated_abandon_change_nothing(self, then: str) -> None:
+        """(STOPPED, ABANDON) and (TERMINATED, ABANDON) NOTHING: workers told to retire
+        by a stop, and cancelled before they ran again (the loop closing right after
+        ``stop()`` or ``terminate()``), end cancelled; the queue does not change."""
+        w = World(workers=2)
+        w.q.start()
+        await settle()  # the workers wait for work
+        workers = self.workers(w)
+        assert len(workers) == 2
+        await w.q.stop()
+        if then == "terminated":
+            assert await w.q.terminate() == []
+        state = w.q.state
+        events = len(w.events)
+        for task in workers:
+            task.cancel()  # before they run again
+        await settle()
+        assert all(task.cancelled() for task in workers)
+        assert w.q.state is state
+        assert len(w.events) == events
+
+
 # ---------------------------------------------------------------------------------------
 # OUTCOMES: every (kind, outcome) row, with hooks and a retry policy that must (not) act
 # ---------------------------------------------------------------------------------------

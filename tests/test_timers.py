@@ -17,6 +17,7 @@ import pytest
 from support import now
 
 import envq
+from envq._timers import STALE_SLACK
 
 
 class Starts:
@@ -94,8 +95,8 @@ async def test_stop_leaves_no_timer_and_start_rearms() -> None:
     q.send(*(envq.Envelope(invoke=starts, id=i, delay=10 + i) for i in range(3)))
     await asyncio.sleep(4)
     await q.stop()
-    assert q._timer is None
-    assert q._heap == []
+    assert not q._delays.armed
+    assert len(q._delays) == 0
     await asyncio.sleep(100)
     assert starts.seen == []
     q.start()  # at t=104: 6, 7 and 8 s were left
@@ -125,7 +126,8 @@ async def test_envelopes_leaving_delayed_early_are_not_kept_alive() -> None:
     del victims
     gc.collect()
     assert [r for r in refs if r() is not None] == []
-    assert len(q._heap) <= 64 + 2  # white-box: the rebuilt heap (keeper + < 64 stale)
+    # White-box: the rebuilt heap holds the keeper and fewer than STALE_SLACK stale entries.
+    assert len(q._delays) <= STALE_SLACK + 2
     await asyncio.sleep(60)
     assert starts.seen == [("keeper", 50.0)]
     await q.terminate()
@@ -162,3 +164,94 @@ async def test_due_reports_the_heap_time(n: int) -> None:
     q.send(*envs)
     assert [q.due(env) for env in envs] == [3.0 + i for i in range(n)]
     await q.terminate()
+
+
+class TestDeadlineTimer:
+    """The one deadline timer per queue: limits cost no loop timer per attempt, a
+    limit still times out on the dot, and nothing is left armed to move the clock."""
+
+    async def test_one_timer_for_many_attempts(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """300 attempts under the same 10 s deadline arm the loop's timers a handful of
+        times, not once per attempt (white-box: counts ``call_at``)."""
+        loop = asyncio.get_running_loop()
+        calls: list[float] = []
+        real_call_at = loop.call_at
+
+        def counting(when: float, *args: object, **kwargs: object) -> asyncio.TimerHandle:
+            calls.append(when)
+            return real_call_at(when, *args, **kwargs)  # type: ignore[arg-type]
+
+        q = envq.Queue("q", workers=4)
+        q.start()
+        envs = [envq.Envelope(invoke=_tick, deadline=10) for _ in range(300)]
+        monkeypatch.setattr(loop, "call_at", counting)
+        q.send(*envs)
+        await q.run_until_empty()
+        monkeypatch.undo()
+        assert len(calls) <= 2
+        assert now() < 1.0
+        await q.terminate()
+
+    async def test_overrun_times_out_on_time(self) -> None:
+        """Staggered attempts each get their own full deadline: each one that hangs is
+        cut off exactly ``deadline`` after it started."""
+        ends: dict[object, tuple[envq.Outcome | None, float]] = {}
+        q = envq.Queue("q", workers=3, log_unhandled=False)
+
+        def record(event: envq.Event) -> None:
+            if event.envelope is not None and event.outcome is not None:
+                ends[event.envelope.id] = (event.outcome, now())
+
+        q.subscribe(record)
+        q.start()
+
+        async def hang(env: envq.Envelope) -> None:
+            await asyncio.sleep(1000)
+
+        q.send(envq.Envelope(invoke=hang, id="a", deadline=5))
+        await asyncio.sleep(1)
+        q.send(envq.Envelope(invoke=hang, id="b", deadline=2))  # earlier than a's
+        await asyncio.sleep(1)
+        q.send(envq.Envelope(invoke=_tick, id="c", deadline=1))  # ends in time
+        await asyncio.sleep(10)
+        assert ends == {
+            "a": (envq.Outcome.TIMEOUT, 5.0),
+            "b": (envq.Outcome.TIMEOUT, 3.0),
+            "c": (envq.Outcome.OK, 2.0),
+        }
+        await q.terminate()
+
+    async def test_idle_queue_leaves_no_timer_to_move_the_clock(self) -> None:
+        """Once the attempts with deadlines have ended and the workers are idle, no
+        loop timer is left armed (white-box: the loop's own timer list), so a virtual
+        clock has no stale deadline to jump to."""
+        q = envq.Queue("q")
+        q.start()
+        q.send(envq.Envelope(invoke=_tick, deadline=30))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert q.statistics().by_state[envq.EnvState.SUCCEEDED] == 1
+        assert not q._deadlines.armed
+        live = [h for h in asyncio.get_running_loop()._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        assert live == []
+        await q.terminate()
+
+    async def test_stop_and_terminate_disarm(self) -> None:
+        """A stop cancelling an attempt under a deadline leaves no timer armed."""
+        q = envq.Queue("q", stop_mode=envq.StopMode.STOP)
+        q.start()
+
+        async def hang(env: envq.Envelope) -> None:
+            await asyncio.sleep(1000)
+
+        q.send(envq.Envelope(invoke=hang, deadline=100))
+        await asyncio.sleep(1)
+        assert q._deadlines.armed
+        await q.stop(cancel=True)
+        assert not q._deadlines.armed
+        await q.terminate()
+        assert not q._deadlines.armed
+
+
+async def _tick(env: envq.Envelope) -> None:
+    await asyncio.sleep(0)
