@@ -1,7 +1,7 @@
 """The ``envq`` command line.
 
 * ``envq demo [--duration S] [--seed N] [--workers N] [--metrics-port PORT] [--live|--plain]``
-  runs the narrated demo (:mod:`envq._demo`);
+  runs the narrated demo (:mod:`envq.demo`);
 * ``envq spec [--format text|markdown|json]`` prints the runtime's lifecycle and outcome
   tables (:mod:`envq._machine`), the ones the queue executes.
 
@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Any, Final
 
 from envq import _machine as m
-from envq._demo import DemoOptions, run_demo
+from envq.demo import DemoOptions, run_demo
 
 __all__ = ["build_parser", "main", "render_spec", "spec_data"]
 

@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from envq import _demo
 from envq.__main__ import main
-from envq._demo import Demo, DemoOptions, Mail, run_demo
+from envq.demo import DemoOptions, run_demo
+from envq.demo import run as demo_run
+from envq.demo.output import Output
+from envq.demo.scenario import Scenario
+from envq.demo.workload import Mail
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,8 +107,8 @@ def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_the_failure_plan_depends_on_the_seed_only() -> None:
     def plan(seed: int) -> list[tuple[object, int, str, bool]]:
-        demo = Demo(DemoOptions(duration=2, seed=seed), sys.stdout)
-        mails = [(e.id, e.payload) for e in demo.emails()]
+        scenario = Scenario(DemoOptions(duration=2, seed=seed), Output(sys.stdout))
+        mails = [(e.id, e.payload) for e in scenario.work.emails()]
         return [(i, m.failures, m.error, m.bounce) for i, m in mails if isinstance(m, Mail)]
 
     assert len(plan(3)) == 10
@@ -308,7 +311,7 @@ def test_live_without_rich_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "rich", None)
-    monkeypatch.setattr(_demo, "_has", lambda module: module != "rich")
+    monkeypatch.setattr(demo_run, "_has", lambda module: module != "rich")
     assert run_demo(DemoOptions(duration=1, live=True), io.StringIO()) == 2
     assert "needs rich" in capsys.readouterr().err
 
