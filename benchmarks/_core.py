@@ -56,6 +56,8 @@ class Config:
     memory_aps: int
     sizes: tuple[int, ...]  # scaling: queued envelopes
     budget: float = 60.0  # a case whose repetition takes longer is skipped
+    #: one-off structure counters (collections, timers, timeouts): envelopes per run
+    n_structure: int = 100_000
 
 
 MODES: dict[str, Config] = {
@@ -97,13 +99,27 @@ MODES: dict[str, Config] = {
         memory_n=1_000,
         memory_aps=200,
         sizes=(500, 2_000),
+        n_structure=2_000,
     ),
 }
 
 
+def missing(module: str) -> str | None:
+    """Why an optional peer cannot be used (None: it can). On a new CPython a peer
+    may be missing, or installed without a working build: either way its cases are
+    not run."""
+    if importlib.util.find_spec(module) is None:
+        return "is not installed"
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # a broken build of a peer must not stop the suite
+        return f"does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
 def have(module: str) -> bool:
-    """Whether an optional peer is importable."""
-    return importlib.util.find_spec(module) is not None
+    """Whether an optional peer is installed and imports."""
+    return missing(module) is None
 
 
 def uvloop_factory() -> LoopFactory | None:
@@ -179,6 +195,16 @@ async def busy_queue() -> tuple[envq.Queue, asyncio.Event]:
     return q, release
 
 
+#: The one-off envelopes' fields by kind: no deadline, no hooks (``plain``);
+#: ``deadline=10``; before and after hooks (deadline 0). ``benchmarks.ab`` builds the
+#: same kinds from another revision's ``Envelope``.
+ONEOFF_FIELDS: dict[str, dict[str, Any]] = {
+    "plain": {"invoke": noop},
+    "deadline": {"invoke": noop, "deadline": DEADLINE},
+    "hooked": {"invoke": noop, "before": hook, "after": hook},
+}
+
+
 class Pools:
     """Envelopes built once and reused: constructing one costs far more than sending it
     (and construction is never timed), and an envelope that has ended (or was handed
@@ -194,14 +220,13 @@ class Pools:
             pool.extend(make() for _ in range(n - len(pool)))
         return pool[:n]
 
+    def oneoff(self, kind: str, n: int) -> list[envq.Envelope]:
+        """``n`` one-off no-op envelopes of a kind of :data:`ONEOFF_FIELDS`."""
+        fields = ONEOFF_FIELDS[kind]
+        return self._get(kind, n, lambda: envq.Envelope(**fields))
+
     def plain(self, n: int) -> list[envq.Envelope]:
-        return self._get("plain", n, lambda: envq.Envelope(invoke=noop))
-
-    def deadline(self, n: int) -> list[envq.Envelope]:
-        return self._get("deadline", n, lambda: envq.Envelope(invoke=noop, deadline=DEADLINE))
-
-    def hooked(self, n: int) -> list[envq.Envelope]:
-        return self._get("hooked", n, lambda: envq.Envelope(invoke=noop, before=hook, after=hook))
+        return self.oneoff("plain", n)
 
     def delayed(self, n: int) -> list[envq.Envelope]:
         """One-off envelopes with delays spread uniformly over [100, 200) s (a busy

@@ -10,9 +10,12 @@ with ``git archive`` into a temporary directory as a second package, ``envq_rev`
 both are measured in the same process, interleaved, repetition by repetition.
 
 Cases: one-off no-op throughput (send phase and run phase apart, µs per envelope, with
-the bare-asyncio floor of ``benchmarks.oneoff``) and FIXED_RATE periodic precision with
-every envelope due at once (p99 lateness and CPU s/s, with raw ``loop.call_at``). It
-prints medians; it judges nothing.
+the bare-asyncio floor of ``benchmarks.oneoff``); the four one-off envelope shapes of
+the suite (``benchmarks.oneoff.SHAPES``: plain as one batch and one ``send`` per
+envelope, ``deadline=10``, before/after hooks + a stamp), each timed from the first
+send until the last envelope has run and paired with the floor of the same repetition;
+and FIXED_RATE periodic precision with every envelope due at once (p99 lateness and
+CPU s/s, with raw ``loop.call_at``). It prints medians; it judges nothing.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from typing import Any
 
 import envq
 from benchmarks import periodic
-from benchmarks._core import WORKERS, noop, run_async
-from benchmarks.oneoff import floor_run
+from benchmarks._core import ONEOFF_FIELDS, WORKERS, run_async
+from benchmarks.oneoff import SHAPES, floor_run
 
 ROOT = Path(__file__).resolve().parent.parent
 REV_PACKAGE = "envq_rev"
@@ -75,6 +78,11 @@ async def oneoff(mod: Any, envs: Sequence[Any]) -> tuple[float, float]:
     return (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6
 
 
+def _ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    """Per-repetition ratios ``num / den``."""
+    return [a / b for a, b in zip(num, den, strict=True)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__)
     parser.add_argument("rev", help="the git revision to compare the working tree with")
@@ -82,30 +90,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="repetitions of every case")
     parser.add_argument("--periodic", type=int, default=10_000, help="periodic envelopes")
     parser.add_argument("--window", type=float, default=3.0, help="periodic window, s")
+    parser.add_argument(
+        "--no-shapes", action="store_true", help="skip the one-off shapes (plain only)"
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="envq-ab-") as tmp:
         rev_mod = load_revision(args.rev, Path(tmp))
         sides: dict[str, Any] = {"tree": envq, args.rev: rev_mod}
         print(f"tree: {envq.__file__}\n{args.rev}: {rev_mod.__name__} from {rev_mod.__file__}")
+        shapes = () if args.no_shapes else SHAPES
+        kinds = ["plain", *sorted({shape.kind for shape in shapes} - {"plain"})]
         # Built interleaved, so that neither side's envelopes get the better memory
         # layout by being built first.
-        pools: dict[str, list[Any]] = {name: [] for name in sides}
+        pools: dict[str, dict[str, list[Any]]] = {
+            name: {kind: [] for kind in kinds} for name in sides
+        }
         for _ in range(args.n):
-            for name, mod in sides.items():
-                pools[name].append(mod.Envelope(invoke=noop))
+            for kind in kinds:
+                for name, mod in sides.items():
+                    pools[name][kind].append(mod.Envelope(**ONEOFF_FIELDS[kind]))
         floor: list[float] = []
         sends: dict[str, list[float]] = {name: [] for name in sides}
         runs: dict[str, list[float]] = {name: [] for name in sides}
+        # µs per envelope of every shape and side, repetition by repetition
+        shaped: dict[str, dict[str, list[float]]] = {
+            shape.key: {name: [] for name in sides} for shape in shapes
+        }
         p99: dict[str, list[float]] = {name: [] for name in [*sides, "raw call_at"]}
         cpu: dict[str, list[float]] = {name: [] for name in p99}
         for rep in range(args.reps):
             order = list(sides) if rep % 2 == 0 else list(reversed(sides))
-            floor.append(run_async(partial(floor_run, pools["tree"])) / args.n * 1e6)
+            floor.append(run_async(partial(floor_run, pools["tree"]["plain"])) / args.n * 1e6)
             for name in order:
-                send_us, run_us = run_async(partial(oneoff, sides[name], pools[name]))
+                send_us, run_us = run_async(partial(oneoff, sides[name], pools[name]["plain"]))
                 sends[name].append(send_us)
                 runs[name].append(run_us)
+            for shape in shapes:
+                for name in order:
+                    seconds = shape.run(pools[name][shape.kind], mod=sides[name])
+                    shaped[shape.key][name].append(seconds / args.n * 1e6)
             if args.periodic:
                 raw = run_async(partial(periodic.raw_periodic, args.periodic, args.window, False))
                 p99["raw call_at"].append(raw["p99"])
@@ -133,6 +157,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"  {name:<12} send {s:.3f}  run {r:.3f}  total {s + r:.3f}  {fl / (s + r):.2f}× floor"
         )
+    if shapes:
+        rev = args.rev
+        print(
+            f"one-off shapes, {args.n:,} no-ops, first send → last run (µs per envelope, "
+            f"median; × floor and tree ÷ {rev} paired per repetition: below 1, the tree is "
+            "faster)"
+        )
+        for shape in shapes:
+            times = shaped[shape.key]
+            cells = [
+                f"{name} {med(times[name]):7.3f} ({med(_ratios(floor, times[name])):.2f}× floor)"
+                for name in sides
+            ]
+            change = med(_ratios(times["tree"], times[rev]))
+            print(f"  {shape.label:<34} {'  '.join(cells)}  tree ÷ {rev} {change:.2f}")
     if args.periodic:
         print(f"periodic FIXED_RATE, {args.periodic:,} aligned, {args.window:g} s window")
         raw_p99, raw_cpu = med(p99["raw call_at"]), med(cpu["raw call_at"])

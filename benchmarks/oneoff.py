@@ -2,18 +2,27 @@
 
 Every case runs N no-op work items with (at most) 4 running at once, and is timed from
 the first submission until the last item has run. ``items/s = N / seconds``.
+
+envq runs four envelope shapes (:data:`SHAPES`): no deadline and no hooks, sent one at
+a time or as one batch; ``deadline=10``; before + after hooks and a queue stamp. Besides
+time, the *structure* cases count, over a run of ``n_structure`` envelopes of a shape,
+the garbage collections per generation, the ``asyncio.TimerHandle``s created and the
+``asyncio.Timeout``s entered (:func:`gc_counts`, :func:`timer_counts`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import cProfile
+import contextlib
 import datetime as dt
+import gc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import envq
 from benchmarks._core import (
@@ -86,33 +95,141 @@ async def envq_run(
     *,
     batch: bool = True,
     stamps: Sequence[envq.Stamp] = (),
-    prof: cProfile.Profile | None = None,
+    watch: contextlib.AbstractContextManager[object] | None = None,
+    mod: Any = envq,
 ) -> float:
     """``q.start(); q.send(...); await q.stop()`` (DRAIN runs everything, then returns).
-    With ``prof``, the profiler is on around the timed region only."""
+    ``watch`` (a profiler, a counter) is entered around the timed region only. ``mod``:
+    the envq package to measure (``benchmarks.ab`` passes another revision's)."""
     n = len(envs)
-    q = envq.Queue("bench", workers=WORKERS, stamps=stamps)
+    q = mod.Queue("bench", workers=WORKERS, stamps=stamps)
     try:
         collect()
-        if prof is not None:
-            prof.enable()
-        t0 = time.perf_counter()
-        q.start()
-        if batch:
-            q.send(*envs)
-        else:
-            send = q.send
-            for env in envs:
-                send(env)
-        report = await q.stop()
-        elapsed = time.perf_counter() - t0
-        if prof is not None:
-            prof.disable()
+        with contextlib.nullcontext() if watch is None else watch:
+            t0 = time.perf_counter()
+            q.start()
+            if batch:
+                q.send(*envs)
+            else:
+                send = q.send
+                for env in envs:
+                    send(env)
+            report = await q.stop()
+            elapsed = time.perf_counter() - t0
         assert report.complete, report
         assert len(report.completed) == n, (len(report.completed), n)
     finally:
         await q.terminate()
     return elapsed
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One envq one-off case: a kind of envelope and the way it is sent."""
+
+    key: str  # the case's key (``report.TARGET_SHAPES`` names its target by it)
+    label: str
+    kind: str  # of ``_core.ONEOFF_FIELDS``
+    batch: bool = True  # ``send(*envs)``, else ``send(env)`` once per envelope
+    stamps: tuple[envq.Stamp, ...] = ()  # the queue's stamps
+    note: str = ""
+
+    def run(self, envs: Sequence[envq.Envelope], **kw: Any) -> float:
+        """One timed run of ``envs`` (of this shape's kind) on a fresh loop."""
+        return run_async(partial(envq_run, envs, batch=self.batch, stamps=self.stamps, **kw))
+
+
+#: The envq one-off shapes, each paired with the floor.
+SHAPES = (
+    Shape("envq", "envq plain, send(*envs)", "plain", note="no deadline, no hooks; one batch"),
+    Shape(
+        "envq1",
+        "envq plain, send(env) x N",
+        "plain",
+        batch=False,
+        note="no deadline, no hooks; one send per envelope",
+    ),
+    Shape(
+        "envq_deadline",
+        f"envq deadline={DEADLINE:g}",
+        "deadline",
+        note=f"`deadline={DEADLINE:g}`, async no-op invoke; one batch",
+    ),
+    Shape(
+        "envq_hooks",
+        "envq before/after hooks + 1 stamp",
+        "hooked",
+        stamps=(passthrough,),
+        note="async no-op before and after (each under the default 0.8 s hook budget), "
+        "a no-op queue stamp, deadline 0; one batch",
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------
+# Structure: collections, timers and timeouts of a run
+# --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def gc_counts(out: Metrics) -> Iterator[None]:
+    """The garbage collections of each generation inside the block, into
+    ``out["gen0"]`` … ``out["gen2"]`` (``gc.get_stats()`` before and after: nothing
+    runs inside the block)."""
+    before = [g["collections"] for g in gc.get_stats()]
+    try:
+        yield
+    finally:
+        after = [g["collections"] for g in gc.get_stats()]
+        for gen, (a, b) in enumerate(zip(before, after, strict=True)):
+            out[f"gen{gen}"] = float(b - a)
+
+
+@contextlib.contextmanager
+def timer_counts(out: Metrics) -> Iterator[None]:
+    """The ``asyncio.TimerHandle``s created (``out["timers"]``) and the
+    ``asyncio.Timeout``s entered (``out["timeouts"]``) inside the block.
+
+    For the block only, ``TimerHandle.__init__`` and ``Timeout.__aenter__`` are
+    wrapped by counting ones (class attributes; restored on the way out). Every
+    ``loop.call_at``/``call_later`` of asyncio's own loops builds its handle through
+    that class, as does a handle made by hand; uvloop's are its own and not counted.
+    The wrappers allocate (a coroutine per entered timeout): do not time the block,
+    nor count collections in it."""
+    handles = entered = 0
+    handle_init = vars(asyncio.TimerHandle)["__init__"]
+    timeout_enter = vars(asyncio.Timeout)["__aenter__"]
+
+    def counted_init(self: asyncio.TimerHandle, *args: Any, **kwargs: Any) -> None:
+        nonlocal handles
+        handles += 1
+        handle_init(self, *args, **kwargs)
+
+    async def counted_enter(self: asyncio.Timeout) -> asyncio.Timeout:
+        nonlocal entered
+        entered += 1
+        result: asyncio.Timeout = await timeout_enter(self)
+        return result
+
+    asyncio.TimerHandle.__init__ = counted_init  # type: ignore[method-assign]
+    asyncio.Timeout.__aenter__ = counted_enter  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        asyncio.TimerHandle.__init__ = handle_init  # type: ignore[method-assign]
+        asyncio.Timeout.__aenter__ = timeout_enter  # type: ignore[method-assign]
+        out["timers"], out["timeouts"] = float(handles), float(entered)
+
+
+def structure(shape: Shape, n: int) -> Metrics:
+    """Two runs of ``n`` envelopes of ``shape``, each as its timed case: the first
+    counts collections (and is timed), the second TimerHandles and Timeouts; the
+    counts are per run (``n`` is in the metrics)."""
+    envs = POOLS.oneoff(shape.kind, n)
+    out: Metrics = {"n": float(n)}
+    out["seconds"] = shape.run(envs, watch=gc_counts(out))
+    shape.run(envs, watch=timer_counts(out))
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -231,6 +348,10 @@ def _case_fn(n: int, run: Callable[[], float]) -> Callable[[], Metrics]:
     return lambda: _rate(n, run())
 
 
+def _timed(shape: Shape, n: int) -> float:
+    return shape.run(POOLS.oneoff(shape.kind, n))
+
+
 def cases(cfg: Config) -> list[Case]:
     n = cfg.n
     out = [
@@ -240,31 +361,15 @@ def cases(cfg: Config) -> list[Case]:
             "asyncio.Queue + 4 workers (floor)",
             _case_fn(n, lambda: run_async(partial(floor_run, POOLS.plain(n)))),
         ),
-        Case(
-            SECTION,
-            "envq",
-            "envq plain, send(*envs)",
-            _case_fn(n, lambda: run_async(partial(envq_run, POOLS.plain(n)))),
-        ),
-        Case(
-            SECTION,
-            "envq1",
-            "envq plain, send(env) x N",
-            _case_fn(n, lambda: run_async(partial(envq_run, POOLS.plain(n), batch=False))),
-        ),
-        Case(
-            SECTION,
-            "envq_deadline",
-            f"envq deadline={DEADLINE:g}",
-            _case_fn(n, lambda: run_async(partial(envq_run, POOLS.deadline(n)))),
-        ),
-        Case(
-            SECTION,
-            "envq_hooks",
-            "envq before/after hooks + 1 stamp",
-            _case_fn(
-                n, lambda: run_async(partial(envq_run, POOLS.hooked(n), stamps=(passthrough,)))
-            ),
+        *(
+            Case(
+                SECTION,
+                shape.key,
+                shape.label,
+                _case_fn(n, partial(_timed, shape, n)),
+                note=shape.note,
+            )
+            for shape in SHAPES
         ),
         Case(
             SECTION,
@@ -306,6 +411,26 @@ def cases(cfg: Config) -> list[Case]:
             )
         )
     return out
+
+
+STRUCTURE = "structure"
+
+
+def structure_cases(cfg: Config) -> list[Case]:
+    """Per shape: collections, TimerHandles and Timeouts over ``cfg.n_structure``
+    envelopes (a section of its own, run after the timed one-off cases of each
+    repetition)."""
+    n = cfg.n_structure
+    return [
+        Case(
+            STRUCTURE,
+            f"struct_{shape.key}",
+            f"structure: {shape.label}",
+            partial(structure, shape, n),
+            note=shape.note,
+        )
+        for shape in SHAPES
+    ]
 
 
 def uvloop_cases(cfg: Config) -> list[Case]:

@@ -59,7 +59,7 @@ def _table(prof: cProfile.Profile, title: str, items: float) -> str:
 
 def profiles(cfg: Config) -> list[str]:
     p1 = cProfile.Profile()
-    run_async(partial(envq_run, POOLS.plain(cfg.n), prof=p1))
+    run_async(partial(envq_run, POOLS.plain(cfg.n), watch=p1))
     p2 = cProfile.Profile()
     window = min(cfg.window, 3.0)
     m: Metrics = run_async(partial(periodic.envq_periodic, cfg.periodic, window, False, prof=p2))

@@ -3,7 +3,7 @@
 From the project root::
 
     python -m benchmarks                  # the full run (~15-25 min on 2 cores)
-    python -m benchmarks --quick          # small sizes, 3 repetitions (< 2 min)
+    python -m benchmarks --quick          # small sizes, 3 repetitions (~2 min)
     python -m benchmarks --smoke          # tiny sizes, 2 repetitions (the test's mode)
     python -m benchmarks --only oneoff,periodic --out /tmp/bench
 
@@ -28,6 +28,7 @@ if __package__ in (None, ""):  # ``python benchmarks/run.py``
 from benchmarks import latency, memory, oneoff, periodic, profiling, report, scaling
 from benchmarks._core import (
     MODES,
+    ONEOFF_FIELDS,
     POOLS,
     Case,
     Config,
@@ -35,6 +36,7 @@ from benchmarks._core import (
     have,
     load_average,
     memory_total,
+    missing,
     now_utc,
     run_async,
     run_cases,
@@ -48,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def build_cases(cfg: Config, only: set[str]) -> list[Case]:
     cases: list[Case] = []
     if "oneoff" in only:
-        cases += oneoff.cases(cfg)
+        cases += oneoff.cases(cfg) + oneoff.structure_cases(cfg)
     if "latency" in only:
         cases += latency.cases(cfg)
     if "periodic" in only:
@@ -71,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmarks.md and benchmarks.png.",
     )
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="small sizes, 3 reps (< 2 min)")
+    mode.add_argument("--quick", action="store_true", help="small sizes, 3 reps (~2 min)")
     mode.add_argument("--smoke", action="store_true", help="tiny sizes, 2 reps (the test)")
     ap.add_argument(
         "--only",
@@ -121,7 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs, {memory_total()} RAM"
     )
     vers = versions()
-    _log(f"envq benchmarks: mode {cfg.mode}, {cfg.reps} reps, sections {','.join(sorted(only))}")
+    _log(
+        f"envq benchmarks: Python {vers['python']}, {sys.executable}; mode {cfg.mode}, "
+        f"{cfg.reps} reps, sections {','.join(sorted(only))}"
+    )
     _log(f"machine  {machine}")
     _log("software " + ", ".join(f"{k} {v}" for k, v in vers.items()))
     _log(f"load average at start: {load_start}")
@@ -133,10 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("apscheduler", "APScheduler"),
         ("uvloop", "uvloop"),
     ):
-        if not have(peer):
-            notes.append(
-                f"{what} is not installed: its cases were not run (`pip install -e '.[bench]'`)."
-            )
+        why = missing(peer)
+        if why is not None:
+            notes.append(f"{what} {why}: its cases were not run (`pip install -e '.[bench]'`).")
+            _log(f"{what} {why}: its cases are not run")
 
     cases = build_cases(cfg, only)
     # Envelope construction is slow and never timed: build the pools up front.
@@ -146,16 +151,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "scaling" in only:
         POOLS.delayed(max(cfg.sizes))
     if "oneoff" in only:
-        POOLS.deadline(cfg.n)
-        POOLS.hooked(cfg.n)
+        for kind in ONEOFF_FIELDS:
+            POOLS.oneoff(kind, max(cfg.n, cfg.n_structure))
     # The pools live through the run: keep the collector from walking them every time.
     gc.freeze()
     _log(f"built the envelope pools in {time.perf_counter() - t0:.1f} s")
 
     # Warm-up (untimed): the first loop of the process pays for lazy imports and caches.
+    warm = oneoff.SHAPES if "oneoff" in only else oneoff.SHAPES[:1]
     for _ in range(2):
         run_async(partial(oneoff.floor_run, POOLS.plain(1_000)))
-        run_async(partial(oneoff.envq_run, POOLS.plain(1_000)))
+        for shape in warm:
+            shape.run(POOLS.oneoff(shape.kind, 1_000))
 
     run_cases(cases, cfg.reps, cfg.budget, _log)
 
@@ -191,6 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for t in report.targets(res):
         verdict = "n/a " if t.ok is None else ("PASS" if t.ok else "MISS")
         _log(f"  {verdict}  {t.name}: {t.measured}  {t.detail}")
+    rows = report.structure_rows(res)
+    if rows:
+        _log(f"structure, per {report.PER:,} envelopes (median; max when higher):")
+        table = [list(report.STRUCTURE_HEAD), *rows]
+        widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]))]
+        for cells in table:
+            line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+            _log(f"  {line.rstrip()}")
     _log(f"load average at end: {res.load_end}")
     _log(f"total wall time {res.wall:.1f} s; wrote the report into {out_dir}")
     return 0

@@ -15,6 +15,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+#: The envq one-off shapes, each a case paired with the floor and a target.
+SHAPES = (
+    "envq plain, send(*envs)",
+    "envq plain, send(env) x N",
+    "envq deadline=10",
+    "envq before/after hooks + 1 stamp",
+)
 
 
 def test_smoke_run_writes_markdown_and_png(tmp_path: Path) -> None:
@@ -39,7 +46,27 @@ def test_smoke_run_writes_markdown_and_png(tmp_path: Path) -> None:
     assert "Load average" in md
     assert "asyncio.Queue + 4 workers (floor)" in md
     assert "failed:" not in md  # no case raised
+    assert proc.stdout.startswith("envq benchmarks: Python 3.")
     assert "load average at start" in proc.stdout
+
+    # The four shapes: a row with × floor in section 1 and a target each.
+    targets_md, _, rest = md.partition("## 1. One-off throughput")
+    oneoff_md, _, structure_md = rest.partition("### Structure")
+    for label in SHAPES:
+        assert f"| {label} |" in oneoff_md, label
+        assert f"| one-off {label} ≥ " in targets_md, label
+        assert f"| {label} |" in structure_md, label
+    # The structure counters: their columns, their targets, and in the printout.
+    assert "| gen-2 GCs | TimerHandles | Timeouts |" in structure_md
+    for what in (
+        "generation-2 collections per 100k envelopes",
+        "TimerHandles created per envelope",
+        "asyncio Timeouts entered per envelope",
+    ):
+        rows = [x for x in targets_md.splitlines() if x.startswith("| deadline=10: ")]
+        assert any(what in row for row in rows), what
+        assert what in proc.stdout, what
+    assert "structure, per 100,000 envelopes" in proc.stdout
     assert "load average at end" in proc.stdout
 
     png = tmp_path / "benchmarks.png"
@@ -63,3 +90,9 @@ def test_ab_runs_tree_against_a_revision() -> None:
     assert any(line.strip().startswith("tree ") and "× floor" in line for line in lines)
     assert any(line.strip().startswith("HEAD ") and "× floor" in line for line in lines)
     assert any(line.strip().startswith("raw call_at") for line in lines)
+    shapes = lines[next(i for i, x in enumerate(lines) if x.startswith("one-off shapes")) :]
+    for label in SHAPES:
+        row = next((x for x in shapes if x.strip().startswith(label)), "")
+        assert row.count("× floor") == 2, (label, row)
+        assert " tree " in row, row
+        assert " HEAD " in row, row
