@@ -25,7 +25,7 @@ import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, NoReturn, TypeVar, assert_never, cast
+from typing import Any, Final, NoReturn, TypeAlias, TypeVar, assert_never, cast
 
 from envq import _checks, _machine
 from envq._attempt import Runner, Threads, Worker
@@ -106,23 +106,10 @@ _PERIODIC: Final = Kind.PERIODIC
 _REQUEUED: Final = frozenset({_READY, _DELAYED})
 
 
-class _Act:
-    """``Action`` members as plain class attributes, for ``match`` value patterns: on
-    Python 3.11 ``EnumType.__getattr__`` makes every ``Action.X`` read slow (~60 ns),
-    and a ``case`` reads one per pattern tried."""
-
-    SUCCEED: Final = Action.SUCCEED
-    RESCHEDULE: Final = Action.RESCHEDULE
-    DECIDE: Final = Action.DECIDE
-    DECIDE_PERIODIC: Final = Action.DECIDE_PERIODIC
-    REPORT_FAILURE: Final = Action.REPORT_FAILURE
-    END: Final = Action.END
-    BLACKLIST: Final = Action.BLACKLIST
-    SHELVE: Final = Action.SHELVE
-
-
 class _Sched:
-    """``Schedule`` members as plain class attributes (see :class:`_Act`)."""
+    """``Schedule`` members as plain class attributes, for ``match`` value patterns: on
+    Python 3.11 ``EnumType.__getattr__`` makes every ``Schedule.X`` read slow (~60 ns),
+    and a ``case`` reads one per pattern tried."""
 
     FIXED_DELAY: Final = Schedule.FIXED_DELAY
     FIXED_RATE: Final = Schedule.FIXED_RATE
@@ -140,6 +127,10 @@ _STAYS: Final = frozenset(
 )
 
 Listener = Callable[[Event], object]
+_Cause: TypeAlias = BaseException | None
+#: A row of the outcome table resolved for one queue: ``(worker, env, rec, outcome,
+#: cause)`` → the coroutine still to await (a hook), or None when the row is done.
+_Perform: TypeAlias = Callable[[Worker, Envelope, _Rec, Outcome, _Cause], Awaitable[None] | None]
 #: ``dead_letter(env, error)``: plain or ``async def``.
 DeadLetter = Callable[[Envelope, BaseException | None], object]
 
@@ -257,6 +248,11 @@ class Queue:
         self._handed: list[tuple[int, Envelope]] = []
         self._seq = 0
         self._counts = Counters()
+        self._outcome_counts = self._counts.outcomes
+        #: The outcome table as this queue performs it (see _resolve).
+        self._plan: dict[Kind, dict[Outcome, _Perform]] = {kind: {} for kind in Kind}
+        for (kind, outcome), row in OUTCOMES.items():
+            self._plan[kind][outcome] = self._resolve(row)
         self._delays = DelayHeap(self, self._due)
         self._deadlines = Deadlines(self._expire)
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
@@ -1306,62 +1302,106 @@ class Queue:
         outcome: Outcome,
         cause: BaseException | None,
     ) -> Awaitable[None] | None:
-        """Perform the outcome table's row for this attempt.
+        """Perform the outcome table's row for this attempt (as resolved by
+        :meth:`_resolve`).
 
         Rows whose action needs no hook complete here; the others return the coroutine
         that runs the hook and then completes the row.
         """
-        self._counts.outcomes[outcome] += 1
-        row: OutcomeRow = OUTCOMES[(rec.kind, outcome)]
+        self._outcome_counts[outcome] += 1
         run = self._run
         if run is not None:
             (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
+        return self._plan[rec.kind][outcome](w, env, rec, outcome, cause)
+
+    def _resolve(self, row: OutcomeRow) -> _Perform:
+        """A row of the outcome table as this queue performs it: the row's action with
+        its target bound (one exhaustive ``match``, run once per row when the queue is
+        made; ``_settle`` calls the result for every attempt)."""
+        target = row.target
+        enter = self._enter
         match row.action:
-            case _Act.SUCCEED:
-                if env.on_success is not None:
-                    return self._succeed(w, env, rec, outcome, row)
-                self._enter(env, rec, outcome, row.target)
-            case _Act.RESCHEDULE:
-                if env.on_success is not None:
-                    return self._reschedule(w, env, rec, outcome, row)
-                self._rescheduled(env, rec, outcome, row)
-            case _Act.DECIDE:
-                return self._decide(w, env, rec, outcome, row, cause)
-            case _Act.DECIDE_PERIODIC:
-                return self._decide_periodic(w, env, rec, outcome, row, cause)
-            case _Act.REPORT_FAILURE:
-                return self._report_failure(w, env, rec, outcome, row, cause)
-            case _Act.END:
-                self._enter(env, rec, outcome, row.target, cause=cause)
-            case _Act.BLACKLIST:
-                self._blacklist_type(env)
-                self._enter(env, rec, outcome, row.target, cause=cause)
-            case _Act.SHELVE:
-                assert w.cancel_cause is not None
-                to = SHELVE_TARGET[w.cancel_cause]
-                self._enter(env, rec, outcome, to, cause=cause)
+            case Action.SUCCEED:
+
+                def succeed(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> Awaitable[None] | None:
+                    if env.on_success is not None:
+                        return self._succeed(w, env, rec, outcome, target)
+                    enter(env, rec, outcome, target)
+                    return None
+
+                return succeed
+            case Action.RESCHEDULE:
+
+                def reschedule(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> Awaitable[None] | None:
+                    if env.on_success is not None:
+                        return self._reschedule(w, env, rec, outcome, target)
+                    self._rescheduled(env, rec, outcome, target)
+                    return None
+
+                return reschedule
+            case Action.DECIDE:
+                return lambda w, env, rec, outcome, cause: self._decide(
+                    w, env, rec, outcome, target, cause
+                )
+            case Action.DECIDE_PERIODIC:
+                return lambda w, env, rec, outcome, cause: self._decide_periodic(
+                    w, env, rec, outcome, target, cause
+                )
+            case Action.REPORT_FAILURE:
+                return lambda w, env, rec, outcome, cause: self._report_failure(
+                    w, env, rec, outcome, target, cause
+                )
+            case Action.END:
+
+                def end(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> None:
+                    enter(env, rec, outcome, target, cause=cause)
+
+                return end
+            case Action.BLACKLIST:
+
+                def blacklist(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> None:
+                    self._blacklist_type(env)
+                    enter(env, rec, outcome, target, cause=cause)
+
+                return blacklist
+            case Action.SHELVE:
+
+                def shelve(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> None:
+                    assert w.cancel_cause is not None
+                    enter(env, rec, outcome, SHELVE_TARGET[w.cancel_cause], cause=cause)
+
+                return shelve
             case _:
                 assert_never(row.action)
-        return None
 
     async def _succeed(
-        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
+        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState
     ) -> None:
         await self._runner.on_success(w, env)
-        self._enter(env, rec, outcome, row.target)
+        self._enter(env, rec, outcome, target)
 
     async def _reschedule(
-        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow
+        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState
     ) -> None:
         await self._runner.on_success(w, env)
-        self._rescheduled(env, rec, outcome, row)
+        self._rescheduled(env, rec, outcome, target)
 
-    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow) -> None:
+    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState) -> None:
         rec.failures = 0
         if self.limiter is not None:
             self._forget(env)
         delay, at = self._next_run(env, rec)
-        self._requeue(env, rec, outcome, row.target, delay, None, at)
+        self._requeue(env, rec, outcome, target, delay, None, at)
 
     async def _decide_periodic(
         self,
@@ -1369,14 +1409,14 @@ class Queue:
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
-        row: OutcomeRow,
+        target: EnvState,
         cause: BaseException | None,
     ) -> None:
         """Periodic failure: on_failure's decision if set, else the next interval."""
         rec.failures += 1
         at: float | None = None
         if env.on_failure is None:
-            to = row.target
+            to = target
             delay, at = self._next_run(env, rec)
         else:
             decision = await self._runner.on_failure(w, env, cause, rec.failures)
@@ -1389,12 +1429,12 @@ class Queue:
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
-        row: OutcomeRow,
+        target: EnvState,
         cause: BaseException | None,
     ) -> None:
         if env.on_failure is not None:
             await self._runner.on_failure(w, env, cause, self._attempt_no(rec))
-        self._enter(env, rec, outcome, row.target, cause=cause)
+        self._enter(env, rec, outcome, target, cause=cause)
 
     @staticmethod
     def _attempt_no(rec: _Rec) -> int:
@@ -1406,12 +1446,12 @@ class Queue:
         env: Envelope,
         rec: _Rec,
         outcome: Outcome,
-        row: OutcomeRow,
+        target: EnvState,
         cause: BaseException | None,
     ) -> None:
         """One-off failure: on_failure's decision, else the Retry policy, else drop."""
         attempt = rec.attempts
-        to, delay = row.target, 0.0
+        to, delay = target, 0.0
         if env.on_failure is not None:
             decision = await self._runner.on_failure(w, env, cause, attempt)
             to, delay = DECISION_TARGET[decision.kind], decision.delay
