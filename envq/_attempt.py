@@ -235,7 +235,16 @@ class Runner:
     :param abandon: called with a worker cancelled by someone other than envq.
     """
 
-    __slots__ = ("_abandon", "_clock", "_deadlines", "hook_timeout", "name", "stamps", "threads")
+    __slots__ = (
+        "_abandon",
+        "_clock",
+        "_deadlines",
+        "_plain",
+        "hook_timeout",
+        "name",
+        "stamps",
+        "threads",
+    )
 
     def __init__(
         self,
@@ -248,6 +257,8 @@ class Runner:
     ) -> None:
         self.name = name
         self.stamps = stamps
+        #: No queue stamps: an envelope without stamps of its own calls invoke directly.
+        self._plain = not stamps
         self.hook_timeout = hook_timeout
         self.threads = threads
         self._deadlines = deadlines
@@ -290,9 +301,13 @@ class Runner:
         """``before → stamps → invoke → after`` under the deadline and hook budgets."""
         now = self._clock()
         deadline = env.deadline
-        deadline_at = now + deadline if deadline else _INF
-        w.deadline_at = deadline_at if deadline else None
+        deadlines = self._deadlines
+        if deadline:
+            deadline_at = w.deadline_at = now + deadline
+        else:
+            deadline_at = _INF
         stopped: BaseException | None = None
+        budget: float | None = None
         w.cancellable = True
         try:
             try:
@@ -307,24 +322,24 @@ class Runner:
                         await self.threads.call(before, env)
                     if w.fired is not None:  # before swallowed the cancel
                         raise TimeoutError(self._overran(w, env, deadline_at, "before"))
-                self._limit(w, deadline_at)
-                await self.chain(env)(env)
+                # (Inline: this runs for every attempt.)
+                w.expiry = deadline_at
+                if deadline_at < deadlines.armed_at:
+                    deadlines.arm(deadline_at)
+                if env._direct and self._plain:
+                    await env.invoke(env)  # type: ignore[misc]
+                else:
+                    await self.chain(env)(env)
             except StopEnvelope as exc:
                 stopped = exc
             if w.fired is not None and stopped is None:  # user code swallowed the cancel
                 raise TimeoutError(self._overran(w, env, deadline_at, "invoke"))
         except BaseException as exc:
-            w.expiry = _INF
-            w.cancellable = False
-            outcome = self.classify(w, env, exc)
-            if outcome is _TIMEOUT and not isinstance(exc, TimeoutError):
-                exc = TimeoutError(self._overran(w, env, deadline_at, "before"))
-            w.fired = None
-            return outcome, exc
+            return self.failed(w, env, exc)
         w.expiry = _INF
         if env.after is not None:
             try:
-                await self._after_hook(w, env, deadline_at)
+                await self._after_hook(w, env, deadline_at, budget)
             except StopEnvelope as exc:
                 stopped = stopped or exc
         w.cancellable = False
@@ -332,12 +347,16 @@ class Runner:
             return self.classify(w, env, stopped), stopped
         return _OK, None
 
-    async def _after_hook(self, w: Worker, env: Envelope, deadline_at: float) -> None:
-        """Run ``after`` within its budget and the deadline; whatever goes wrong there
-        is logged and ignored, but a ``StopEnvelope``, which the caller sees."""
+    async def _after_hook(
+        self, w: Worker, env: Envelope, deadline_at: float, budget: float | None
+    ) -> None:
+        """Run ``after`` within its budget (``budget``: already known, or None) and the
+        deadline; whatever goes wrong there is logged and ignored, but a
+        ``StopEnvelope``, which the caller sees."""
         after = env.after
         assert after is not None
-        budget = self.hook_timeout.budget(env.deadline)
+        if budget is None:
+            budget = self.hook_timeout.budget(env.deadline)
         self._limit(w, deadline_at if budget is None else min(deadline_at, self._clock() + budget))
         try:
             if env._async_after:
@@ -380,6 +399,35 @@ class Runner:
             budget = self.hook_timeout.budget(env.deadline)
             return f"{what} overran its budget of {budget:g} s"
         return f"deadline of {env.deadline:g} s expired"
+
+    def failed(
+        self, w: Worker, env: Envelope, exc: BaseException
+    ) -> tuple[Outcome, BaseException | None]:
+        """``before`` or the invoker chain raised ``exc`` (``w``'s limit settles here):
+        the attempt's outcome, and the cause ``on_failure`` and events see (envq's own
+        time-limit cancel becomes a ``TimeoutError``)."""
+        w.expiry = _INF
+        w.cancellable = False
+        outcome = self.classify(w, env, exc)
+        if outcome is _TIMEOUT and not isinstance(exc, TimeoutError):
+            deadline_at = w.deadline_at
+            exc = TimeoutError(
+                self._overran(w, env, _INF if deadline_at is None else deadline_at, "before")
+            )
+        w.fired = None
+        return outcome, exc
+
+    def swallowed(self, w: Worker, env: Envelope) -> tuple[Outcome, BaseException | None]:
+        """The invoker chain returned although ``w``'s time limit cancelled it (user
+        code swallowed the cancel): a TIMEOUT all the same."""
+        deadline_at = w.deadline_at
+        return self.failed(
+            w,
+            env,
+            TimeoutError(
+                self._overran(w, env, _INF if deadline_at is None else deadline_at, "invoke")
+            ),
+        )
 
     def classify(self, w: Worker, env: Envelope, exc: BaseException) -> Outcome:
         """The outcome an exception from ``before`` or the invoker chain stands for."""

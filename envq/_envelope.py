@@ -202,7 +202,8 @@ class Envelope:
     _async_after: bool = attrs.field(init=False, default=False)
     _async_success: bool = attrs.field(init=False, default=False)
     _async_failure: bool = attrs.field(init=False, default=False)
-    _bare: bool = attrs.field(init=False, default=False)
+    _lean: bool = attrs.field(init=False, default=False)
+    _direct: bool = attrs.field(init=False, default=False)
     _rec: _Rec = attrs.field(init=False, factory=_Rec, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -213,15 +214,12 @@ class Envelope:
             )
         set_ = object.__setattr__
         set_(self, "_async", is_async_callable(self.invoke))
+        set_(self, "_direct", self._async and not self.stamps)
         set_(self, "_async_before", is_async_callable(self.before))
         set_(self, "_async_after", is_async_callable(self.after))
         set_(self, "_async_success", is_async_callable(self.on_success))
         set_(self, "_async_failure", is_async_callable(self.on_failure))
-        set_(
-            self,
-            "_bare",
-            self.before is None and self.after is None and not self.stamps and not self.deadline,
-        )
+        set_(self, "_lean", self.before is None and self.after is None and not self.stamps)
 
     @property
     def periodic(self) -> bool:

@@ -2,8 +2,9 @@
 
 Every state change goes through the tables of :mod:`envq._machine`: the lifecycle
 methods look up ``LIFECYCLE[(state, call)]`` and hand the row to :meth:`Queue._life`,
-which performs its action; the worker looks up ``OUTCOMES[(kind, outcome)]`` and hands
-the row to :meth:`Queue._settle`. Both end in ``assert_never``, so mypy proves every
+which performs its action; the rows of ``OUTCOMES`` are resolved once per queue by
+:meth:`Queue._resolve` into the row's action with its target bound, which the worker
+calls at the end of each attempt. Both end in ``assert_never``, so mypy proves every
 action is handled. Envelope moves go through :meth:`Queue._move` (checked against
 ``ENVELOPE_MOVES`` when ``envq._machine.STRICT`` is on), and every envelope state has
 one entry routine, :meth:`Queue._enter`.
@@ -104,6 +105,7 @@ _EV_SEND: Final = EnvEvent.SEND
 _ONE_OFF: Final = Kind.ONE_OFF
 _PERIODIC: Final = Kind.PERIODIC
 _REQUEUED: Final = frozenset({_READY, _DELAYED})
+_INF: Final = math.inf
 
 
 class _Sched:
@@ -1163,6 +1165,10 @@ class Queue:
         rate = self.rate
         runner = self._runner
         call = self._threads.call
+        plan = self._plan
+        outcome_counts = self._outcome_counts
+        deadlines = self._deadlines
+        clock = loop.time
         bare_queue = not self.stamps
         paid = False
         while True:
@@ -1197,8 +1203,14 @@ class Queue:
             if self._observed:
                 self._observe(env, _READY, _DISPATCH, _RUNNING_E, None)
             try:
-                if env._bare and bare_queue:
-                    # The attempt of an envelope with no hooks, stamps or deadline.
+                if env._lean and bare_queue:
+                    # The attempt of an envelope with no hooks or stamps (the runner's
+                    # attempt without its hook steps, inline: it runs for every one).
+                    deadline = env.deadline
+                    if deadline:
+                        at = w.deadline_at = w.expiry = clock() + deadline
+                        if at < deadlines.armed_at:
+                            deadlines.arm(at)
                     w.cancellable = True
                     try:
                         if env._async:
@@ -1206,13 +1218,24 @@ class Queue:
                         else:
                             await call(env.invoke, env)
                     except BaseException as exc:
-                        outcome, cause = runner.classify(w, env, exc), exc
+                        outcome, cause = runner.failed(w, env, exc)
                     else:
-                        outcome, cause = _OK, None
+                        if w.fired is None:
+                            outcome, cause = _OK, None
+                            if deadline:
+                                w.expiry = _INF
+                        else:
+                            outcome, cause = runner.swallowed(w, env)
                     w.cancellable = False
                 else:
                     outcome, cause = await runner.attempt(w, env)
-                pending = self._settle(w, env, rec, outcome, cause)
+                # Settle the attempt: count it, note it for a stop under way, and
+                # perform its row of the outcome table.
+                outcome_counts[outcome] += 1
+                run = self._run
+                if run is not None:
+                    (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
+                pending = plan[rec.kind][outcome](w, env, rec, outcome, cause)
                 if pending is not None:
                     await pending
             except (asyncio.CancelledError, GeneratorExit):
@@ -1294,30 +1317,10 @@ class Queue:
     # The outcome interpreter
     # ----------------------------------------------------------------------------------
 
-    def _settle(
-        self,
-        w: Worker,
-        env: Envelope,
-        rec: _Rec,
-        outcome: Outcome,
-        cause: BaseException | None,
-    ) -> Awaitable[None] | None:
-        """Perform the outcome table's row for this attempt (as resolved by
-        :meth:`_resolve`).
-
-        Rows whose action needs no hook complete here; the others return the coroutine
-        that runs the hook and then completes the row.
-        """
-        self._outcome_counts[outcome] += 1
-        run = self._run
-        if run is not None:
-            (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
-        return self._plan[rec.kind][outcome](w, env, rec, outcome, cause)
-
     def _resolve(self, row: OutcomeRow) -> _Perform:
         """A row of the outcome table as this queue performs it: the row's action with
         its target bound (one exhaustive ``match``, run once per row when the queue is
-        made; ``_settle`` calls the result for every attempt)."""
+        made; the worker calls the result for every attempt)."""
         target = row.target
         enter = self._enter
         match row.action:

@@ -143,13 +143,15 @@ class Deadlines:
     earliest limit still running (``inf`` for none), which the timer moves on to.
     """
 
-    __slots__ = ("_at", "_handle", "_loop", "_on_fire")
+    __slots__ = ("_handle", "_loop", "_on_fire", "armed_at")
 
     def __init__(self, on_fire: Callable[[float], float]) -> None:
         self._on_fire = on_fire
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
-        self._at = math.inf
+        #: The loop time the timer is armed for (inf when disarmed); a limit earlier
+        #: than this needs ``arm``, any other does not.
+        self.armed_at = math.inf
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Use ``loop``'s timers from now on."""
@@ -162,10 +164,10 @@ class Deadlines:
 
     def arm(self, at: float) -> None:
         """Some worker's limit is loop time ``at``."""
-        if at < self._at:
+        if at < self.armed_at:
             if self._handle is not None:
                 self._handle.cancel()
-            self._at = at
+            self.armed_at = at
             assert self._loop is not None
             self._handle = self._loop.call_at(at, self._fire)
 
@@ -175,11 +177,11 @@ class Deadlines:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        self._at = math.inf
+        self.armed_at = math.inf
 
     def _fire(self) -> None:
         self._handle = None
-        self._at = math.inf
+        self.armed_at = math.inf
         loop = self._loop
         assert loop is not None
         following = self._on_fire(loop.time() + _resolution(loop))

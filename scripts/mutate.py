@@ -148,7 +148,7 @@ EQUIVALENT: Final[tuple[Equivalent, ...]] = (
     ),
     Equivalent(
         "OUTCOMES[*,CANCELLED] SHELVE→PARKED :: target *",
-        "SHELVE goes to SHELVE_TARGET[cause] (Queue._settle); the row's target is unread",
+        "SHELVE goes to SHELVE_TARGET[cause] (Queue._resolve); the row's target is unread",
     ),
     Equivalent(
         "OUTCOMES[BLACKLISTED,*] END→STOPPED :: action BLACKLIST",
