@@ -271,7 +271,7 @@ class Runner:
 
     # -- time limits ------------------------------------------------------------------
 
-    def _limit(self, w: Worker, at: float) -> None:
+    def _set_limit(self, w: Worker, at: float) -> None:
         """What ``w`` runs now must end by loop time ``at`` (inf: no limit)."""
         w.expiry = at
         if at < _INF:
@@ -315,7 +315,7 @@ class Runner:
                 if before is not None:
                     budget = self.hook_timeout.budget(deadline)
                     limit = deadline_at if budget is None else min(deadline_at, now + budget)
-                    self._limit(w, limit)
+                    self._set_limit(w, limit)
                     if env._async_before:
                         await before(env)  # type: ignore[misc]
                     else:
@@ -357,7 +357,8 @@ class Runner:
         assert after is not None
         if budget is None:
             budget = self.hook_timeout.budget(env.deadline)
-        self._limit(w, deadline_at if budget is None else min(deadline_at, self._clock() + budget))
+        limit = deadline_at if budget is None else min(deadline_at, self._clock() + budget)
+        self._set_limit(w, limit)
         try:
             if env._async_after:
                 await after(env)  # type: ignore[misc]
@@ -477,7 +478,7 @@ class Runner:
         """Run a hook under its own budget: ``(True, value)``, ``(False, error)``, or
         ``(False, _INTERRUPTED)`` when the worker was cancelled from outside."""
         budget = self.hook_timeout.budget(env.deadline)
-        self._limit(w, _INF if budget is None else self._clock() + budget)
+        self._set_limit(w, _INF if budget is None else self._clock() + budget)
         try:
             value = await (fn(env, *args) if is_async else self.threads.call(fn, env, *args))
             if w.fired is not None:  # the hook swallowed its budget's cancel

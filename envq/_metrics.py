@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 
 from envq import _checks
 from envq._envelope import Envelope
-from envq._machine import EnvState, Outcome, QueueState
+from envq._machine import LIVE_STATES, TERMINAL_STATES, EnvState, Outcome, QueueState
 from envq._values import Event, Statistics
 
 if TYPE_CHECKING:
@@ -79,14 +79,9 @@ _READY: Final = EnvState.READY
 _RUNNING: Final = EnvState.RUNNING
 _FAILED_OUTCOMES: Final = frozenset({Outcome.ERROR, Outcome.TIMEOUT})
 _PUT_BACK: Final = frozenset({EnvState.READY, EnvState.DELAYED, EnvState.PARKED})
-_LIVE: Final = (
-    EnvState.BUFFERED,
-    EnvState.READY,
-    EnvState.DELAYED,
-    EnvState.RUNNING,
-    EnvState.PARKED,
-)
-_ENDED: Final = (EnvState.SUCCEEDED, EnvState.FAILED, EnvState.STOPPED, EnvState.RETURNED)
+#: Envelope states by kind, in the order of :class:`envq.EnvState` (metric label order).
+_LIVE: Final = tuple(state for state in EnvState if state in LIVE_STATES)
+_ENDED: Final = tuple(state for state in EnvState if state in TERMINAL_STATES)
 
 # Help texts of client-go's workqueue metrics (k8s.io/component-base/metrics/prometheus/
 # workqueue), so dashboards and alerts built for them read the same.

@@ -1050,7 +1050,7 @@ class Queue:
             if rec.tick:
                 self._delays.drop(rec)
             if self.limiter is not None:
-                self._forget(env)
+                self._limiter_forget(env)
             if to is _RETURNED:
                 self._handed.append((rec.seq, env))
             elif to is _FAILED:
@@ -1078,7 +1078,7 @@ class Queue:
         """The delay heap's call: ``env``'s time has come."""
         self._enter(env, rec, _DUE, _READY)
 
-    def _limit(self, limiter: RateLimiter, env: Envelope, role: str) -> float:
+    def _ask_limiter(self, limiter: RateLimiter, env: Envelope, role: str) -> float:
         """``limiter.when(env)`` as seconds to wait; a limiter that raises or answers
         with something other than a finite number >= 0 is logged and means 0."""
         try:
@@ -1108,7 +1108,7 @@ class Queue:
             )
         return 0.0
 
-    def _forget(self, env: Envelope) -> None:
+    def _limiter_forget(self, env: Envelope) -> None:
         """``limiter.forget(env)``; a limiter that raises is logged."""
         assert self.limiter is not None
         try:
@@ -1135,7 +1135,7 @@ class Queue:
         becomes DELAYED.
         """
         if self.limiter is not None and outcome is not _OK and to in _REQUEUED:
-            wait = self._limit(self.limiter, env, "retry")
+            wait = self._ask_limiter(self.limiter, env, "retry")
             if wait > delay:
                 delay, at = wait, None
             if delay > 0 and to is _READY:
@@ -1185,7 +1185,7 @@ class Queue:
                     return
                 continue
             if rate is not None and not paid:
-                wait = self._limit(rate, ready[0], "rate")
+                wait = self._ask_limiter(rate, ready[0], "rate")
                 if wait > 0:
                     paid = True
                     await asyncio.sleep(wait)
@@ -1402,7 +1402,7 @@ class Queue:
     def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState) -> None:
         rec.failures = 0
         if self.limiter is not None:
-            self._forget(env)
+            self._limiter_forget(env)
         delay, at = self._next_run(env, rec)
         self._requeue(env, rec, outcome, target, delay, None, at)
 

@@ -35,7 +35,7 @@ from envq import _checks
 from envq._envelope import Envelope, is_async_callable
 from envq._errors import AlreadyComplete, BadEnvelope, EnvqError, QueueShuttingDown
 from envq._limits import RateLimiter
-from envq._machine import EnvState, QueueState
+from envq._machine import TERMINAL_STATES, EnvState, QueueState
 from envq._queue import Queue
 from envq._values import Event, Retry, StopMode, default_rng
 
@@ -58,9 +58,6 @@ _INSIDE: contextvars.ContextVar[TaskQueue | None] = contextvars.ContextVar(
 
 #: ``max_timeout(0)`` / ``max_timeout(None)``: no cap (the largest finite float).
 _UNCAPPED: Final = sys.float_info.max
-_TERMINAL: Final = frozenset(
-    {EnvState.SUCCEEDED, EnvState.FAILED, EnvState.STOPPED, EnvState.RETURNED}
-)
 _BUSY: Final = frozenset({EnvState.READY, EnvState.RUNNING})
 
 
@@ -613,7 +610,7 @@ class TaskQueue:
             self._delayed.add(env)
         else:
             self._delayed.discard(env)
-        if to in _TERMINAL:
+        if to in TERMINAL_STATES:
             del self._tasks[env]
             if to is EnvState.RETURNED:
                 task._release()

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import envq
-from envq import EnvState
+from envq._machine import TERMINAL_STATES
 
-TERMINAL = frozenset({EnvState.SUCCEEDED, EnvState.FAILED, EnvState.STOPPED, EnvState.RETURNED})
+TERMINAL = TERMINAL_STATES
 #: Enough virtual time for anything a test waits for; a miss fails fast with TimeoutError.
 PATIENCE = 100_000.0
 

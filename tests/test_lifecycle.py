@@ -13,11 +13,12 @@ import pytest
 from support import now, settle
 
 import envq
+from envq._machine import TERMINAL_STATES
 from envq.testing import VirtualTimeLoop, advance
 
 QS = envq.QueueState
 ES = envq.EnvState
-TERMINAL = frozenset({ES.SUCCEEDED, ES.FAILED, ES.STOPPED, ES.RETURNED})
+TERMINAL = TERMINAL_STATES
 
 
 class Trace:

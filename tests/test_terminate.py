@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 from support import now, settle
 
 import envq
+from envq._machine import TERMINAL_STATES
 from envq.testing import advance, run
 
 QS = envq.QueueState
 ES = envq.EnvState
 DRAIN = envq.StopMode.DRAIN
 STOP = envq.StopMode.STOP
-TERMINAL = frozenset({ES.SUCCEEDED, ES.FAILED, ES.STOPPED, ES.RETURNED})
+TERMINAL = TERMINAL_STATES
 
 
 Behaviour = str  # "ok", "fail", "stop", "no_retry", "retry"
