@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
 from envq._errors import DoNotRetry, StopEnvelope, StopType
-from envq._machine import CancelCause, Outcome
+from envq._machine import TYPELESS, CancelCause, Outcome
 from envq._values import Decision, HookTimeout, drop, retry_now
 
 if TYPE_CHECKING:
@@ -434,9 +434,7 @@ class Runner:
         """The outcome an exception from ``before`` or the invoker chain stands for."""
         for signal, outcome in _SIGNALS:
             if isinstance(exc, signal):
-                if outcome is Outcome.STOP_TYPE and not env.type:
-                    return Outcome.STOP
-                return outcome
+                return outcome if env.type else TYPELESS.get(outcome, outcome)
         if isinstance(exc, asyncio.CancelledError):
             if not self.absorb_cancel(w):
                 return _ERROR  # raised by user code on its own

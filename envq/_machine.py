@@ -6,25 +6,47 @@ envq has two state machines:
 
 * the **queue lifecycle** (:class:`QueueState`): INIT → RUNNING → STOPPING → STOPPED →
   RUNNING … → TERMINATED, driven by the calls ``start``/``send``/``stop``/``terminate``
-  and by the internal event ``DRAINED`` (a stop has nothing left to wait for);
+  and by two internal events: ``DRAINED`` (a stop has nothing left to wait for) and
+  ``ABANDON`` (a worker task was cancelled by someone other than envq);
 * the **envelope machine** (:class:`EnvState`), one instance per envelope per stay in a
   queue, driven by queue-side events (send, start, due, dispatch, stop, terminate,
   blacklist) and, from RUNNING, by the :class:`Outcome` of the attempt.
 
-This module is the only place that says which move follows which event. The queue's
-lifecycle methods look up ``LIFECYCLE[(state, call)]`` and perform the named
-:class:`LifeAction`; the worker looks up ``OUTCOMES[(kind, outcome)]`` and performs the
-named :class:`Action`. Neither contains an ``if`` over states or outcomes: a new
-behaviour is a new row or a new action here. A pair missing from a table is illegal;
-``ILLEGAL_LIFECYCLE`` lists the ones that are missing on purpose, and a test proves
-every pair is one or the other.
+This module is the only place that says which move follows which event, guards
+included. The queue's lifecycle methods look up ``LIFECYCLE[(state, call)]`` and
+perform the named :class:`LifeAction`; each row of ``OUTCOMES[(kind, outcome)]`` is
+resolved once per queue into its :class:`Action`, which the worker performs at the end
+of every attempt. Where a move depends on more than the pair, the choice is a table
+too:
+
+* ``DECISION_TARGET`` — where a failure decision sends the envelope;
+* ``SHELVE_TARGET`` — where a cancelled attempt goes, by who cancelled it;
+* ``PARK_INSTEAD`` — a move back into the queue while it is not RUNNING parks;
+* ``LIMITED`` — a retry the failure limiter makes wait becomes DELAYED;
+* ``ARMED`` — an envelope armed (sent to a running queue, or at ``start()``) is READY,
+  or DELAYED when it must wait (``delay``, ``not_before``, time left when parked);
+* ``STOP_PARKS`` — which states a stop parks, per :class:`StopMode`;
+* ``TYPELESS`` — the outcome an envelope without a ``type`` gets instead (its
+  ``StopType`` acts as ``StopEnvelope``).
+
+:func:`target` states what these tables mean together: the one state an event leads to
+in a :class:`Situation` (the guard valuation). The python-statemachine models in
+:mod:`envq.model` are written from the contract and proven equal to it, guards
+included, over every (state, event, situation).
+
+What stays code, and nothing else (h11's rule): *performing* a row — running hooks,
+computing delays (interval, FIXED_RATE grid, backoff, the limiter's wait), the
+bookkeeping of capacity, the ready deque, the delay heap and the stop report — and
+*deciding the situation*: the failure decision (``on_failure``'s answer, the ``Retry``
+policy), who cancelled an attempt, whether an envelope must wait, whether the limiter
+asks it to, and which outcome an attempt ended with (the classification of its
+exception, ``envq._attempt``). A pair missing from a table is illegal;
+``ILLEGAL_LIFECYCLE`` lists the ones missing on purpose, and a test proves every pair
+is one or the other.
 
 ``ENVELOPE_MOVES`` is the envelope machine as a relation (state, event) → the states
 the event may lead to; the runtime checks every envelope move against it when
-``STRICT`` is on. The tables are plain dicts typed ``Mapping`` (read-only to mypy): the
-worker reads ``OUTCOMES`` on every attempt and a ``MappingProxyType`` costs a little
-more per lookup (envq's test suite turns it on), and the python-statemachine models
-in ``models/`` are proven equal to these tables.
+``STRICT`` is on. The tables are plain dicts typed ``Mapping`` (read-only to mypy).
 """
 
 from __future__ import annotations
@@ -44,16 +66,20 @@ from envq._errors import EnvqError, QueueNotRunning, QueueStopping, QueueTermina
 STRICT = False
 
 __all__ = [
+    "ARMED",
     "DECISION_TARGET",
     "DISPATCHING",
     "ENVELOPE_MOVES",
     "ILLEGAL_LIFECYCLE",
     "LIFECYCLE",
+    "LIMITED",
     "LIVE_STATES",
     "OUTCOMES",
     "PARK_INSTEAD",
     "SHELVE_TARGET",
+    "STOP_PARKS",
     "TERMINAL_STATES",
+    "TYPELESS",
     "Action",
     "CancelCause",
     "DecisionKind",
@@ -66,6 +92,9 @@ __all__ = [
     "OutcomeRow",
     "QueueCall",
     "QueueState",
+    "Situation",
+    "StopMode",
+    "target",
 ]
 
 
@@ -85,6 +114,15 @@ class QueueState(_Enum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     TERMINATED = "terminated"
+
+
+class StopMode(_Enum):
+    """How ``stop()`` treats READY envelopes (contract §3)."""
+
+    #: Ready envelopes run before the stop ends; what they reschedule is parked.
+    DRAIN = "drain"
+    #: Ready envelopes are parked, not started.
+    STOP = "stop"
 
 
 class QueueCall(_Enum):
@@ -374,6 +412,26 @@ PARK_INSTEAD: Final[Mapping[EnvState, EnvState]] = MappingProxyType(
     {_E.READY: _E.PARKED, _E.DELAYED: _E.PARKED}
 )
 
+#: A retry the failure limiter makes wait (``limiter.when(env) > 0``) becomes DELAYED
+#: even when the decision was to retry now.
+LIMITED: Final[Mapping[EnvState, EnvState]] = MappingProxyType({_E.READY: _E.DELAYED})
+
+#: Where an armed envelope goes: READY, or DELAYED when it must wait first.
+ARMED: Final[Mapping[bool, EnvState]] = MappingProxyType({False: _E.READY, True: _E.DELAYED})
+
+#: The states a stop parks (``EnvEvent.STOP``): DELAYED always, READY under STOP mode
+#: (under DRAIN, ready envelopes still run).
+STOP_PARKS: Final[Mapping[StopMode, frozenset[EnvState]]] = MappingProxyType(
+    {
+        StopMode.DRAIN: frozenset({_E.DELAYED}),
+        StopMode.STOP: frozenset({_E.READY, _E.DELAYED}),
+    }
+)
+
+#: The outcome an envelope with an empty ``type`` gets instead: a ``StopType`` acts as
+#: ``StopEnvelope`` (there is no type to blacklist).
+TYPELESS: Final[Mapping[Outcome, Outcome]] = MappingProxyType({_O.STOP_TYPE: _O.STOP})
+
 _ARMED = frozenset({_E.READY, _E.DELAYED})
 
 
@@ -408,3 +466,92 @@ ENVELOPE_MOVES: Final[Mapping[tuple[EnvState, EnvEvent | Outcome], frozenset[Env
         }
     )
 )
+
+
+# ---------------------------------------------------------------------------------------
+# What the tables mean together
+# ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Situation:
+    """The guard valuation of an envelope move: everything besides (state, event) that
+    chooses its target.
+
+    ``decision`` is the effective failure decision (``on_failure``'s, else the
+    ``Retry`` policy's); ``None`` means there is none and the row's default applies
+    (one-off: drop; periodic: the next run after ``interval``).
+    """
+
+    #: The row group of the outcome table.
+    kind: Kind = Kind.ONE_OFF
+    #: The queue's lifecycle state at the move.
+    queue: QueueState = QueueState.RUNNING
+    #: The envelope must wait before it runs (armed: DELAYED rather than READY).
+    wait: bool = False
+    decision: DecisionKind | None = None
+    #: Who cancelled the attempt in flight.
+    cause: CancelCause | None = None
+    #: The mode of the stop under way.
+    mode: StopMode = StopMode.DRAIN
+    #: The failure limiter asks the retry to wait.
+    limited: bool = False
+
+
+_REQUEUE_TARGETS = frozenset({_E.READY, _E.DELAYED, _E.PARKED})
+
+
+def _put_back(to: EnvState, situation: Situation) -> EnvState:
+    """A move back into the queue: limited, then parked while the queue is not RUNNING."""
+    if situation.limited:
+        to = LIMITED.get(to, to)
+    if situation.queue is not QueueState.RUNNING:
+        to = PARK_INSTEAD.get(to, to)
+    return to
+
+
+def target(state: EnvState, event: EnvEvent | Outcome, situation: Situation) -> EnvState | None:
+    """The state ``event`` leads an envelope in ``state`` to, in ``situation``; None when
+    the event does not move it.
+
+    This is what the tables above mean together (the runtime performs the same rows,
+    with hooks and delays); ``tests/test_models.py`` proves the models in
+    :mod:`envq.model` agree with it for every (state, event, situation).
+    """
+    if isinstance(event, Outcome):
+        if state is not _E.RUNNING:
+            return None
+        row = OUTCOMES[(situation.kind, event)]
+        match row.action:
+            case Action.SUCCEED | Action.END | Action.BLACKLIST | Action.REPORT_FAILURE:
+                return row.target
+            case Action.RESCHEDULE:
+                return _put_back(row.target, situation)
+            case Action.DECIDE | Action.DECIDE_PERIODIC:
+                decision = situation.decision
+                to = row.target if decision is None else DECISION_TARGET[decision]
+                return _put_back(to, situation) if to in _REQUEUE_TARGETS else to
+            case Action.SHELVE:
+                cause = situation.cause
+                return None if cause is None else SHELVE_TARGET[cause]
+            case _:
+                raise AssertionError(row.action)
+    match event:
+        case EnvEvent.SEND if state is _E.NEW:
+            buffered = LIFECYCLE[(situation.queue, QueueCall.SEND)].action is LifeAction.BUFFER
+            return _E.BUFFERED if buffered else ARMED[situation.wait]
+        case EnvEvent.START if state in (_E.BUFFERED, _E.PARKED):
+            return ARMED[situation.wait]
+        case EnvEvent.DUE if state is _E.DELAYED:
+            return _E.READY
+        case EnvEvent.DISPATCH if state is _E.READY:
+            return _E.RUNNING
+        case EnvEvent.STOP if state in STOP_PARKS[situation.mode]:
+            return _E.PARKED
+        case EnvEvent.TERMINATE if state in (_E.BUFFERED, _E.PARKED):
+            return _E.RETURNED
+        case EnvEvent.BLACKLIST if state in (_E.BUFFERED, _E.READY, _E.DELAYED, _E.PARKED):
+            return _E.STOPPED
+        case _:
+            return None
+

@@ -40,13 +40,16 @@ from envq._errors import (
 )
 from envq._limits import RateLimiter
 from envq._machine import (
+    ARMED,
     DECISION_TARGET,
     DISPATCHING,
     ENVELOPE_MOVES,
     LIFECYCLE,
+    LIMITED,
     OUTCOMES,
     PARK_INSTEAD,
     SHELVE_TARGET,
+    STOP_PARKS,
     Action,
     CancelCause,
     DecisionKind,
@@ -720,7 +723,7 @@ class Queue:
             task.add_done_callback(_TASKS.discard)
         for env, rec in list(self._live.items()):
             delay = self._first_delay(env) if rec.state is EnvState.BUFFERED else rec.due
-            self._enter(env, rec, EnvEvent.START, _READY if delay <= 0 else EnvState.DELAYED, delay)
+            self._enter(env, rec, EnvEvent.START, ARMED[delay > 0], delay)
         if self._waiters:
             self._pump()
 
@@ -746,8 +749,8 @@ class Queue:
 
     def _park(self, mode: StopMode) -> None:
         """Park delayed envelopes, and ready ones too in STOP mode (admission order)."""
-        parkable = (EnvState.DELAYED, _READY) if mode is StopMode.STOP else (EnvState.DELAYED,)
-        if mode is StopMode.STOP:
+        parkable = STOP_PARKS[mode]
+        if _READY in parkable:
             self._ready.clear()
         now = self._bound_loop().time()
         for env, rec in self._live.items():
@@ -909,7 +912,7 @@ class Queue:
                 enter(env, rec, _EV_SEND, _BUFFERED)
             else:
                 delay = env.delay if env.not_before is None else self._first_delay(env)
-                enter(env, rec, _EV_SEND, _READY if delay <= 0 else _DELAYED, delay)
+                enter(env, rec, _EV_SEND, ARMED[delay > 0], delay)
         self._seq = seq
         if dedups:
             self._counts.dedups += dedups
@@ -1132,14 +1135,14 @@ class Queue:
 
         ``at``: the loop time ``delay`` stands for, when it is a grid point. A failure
         retry waits at least ``limiter.when(env)``; a READY retry that must wait
-        becomes DELAYED.
+        becomes DELAYED (``LIMITED``).
         """
         if self.limiter is not None and outcome is not _OK and to in _REQUEUED:
             wait = self._ask_limiter(self.limiter, env, "retry")
             if wait > delay:
                 delay, at = wait, None
-            if delay > 0 and to is _READY:
-                to = _DELAYED
+            if delay > 0:
+                to = LIMITED.get(to, to)
         if self._state is not _RUNNING_Q:
             to = PARK_INSTEAD.get(to, to)
         self._enter(env, rec, outcome, to, delay, cause, at)

@@ -11,7 +11,7 @@ import attrs
 
 from envq import _checks
 from envq._limits import capped_exponential
-from envq._machine import DecisionKind, EnvState, Outcome, QueueState, _Enum
+from envq._machine import DecisionKind, EnvState, Outcome, QueueState, StopMode, _Enum
 
 if TYPE_CHECKING:
     from envq._envelope import Envelope
@@ -34,15 +34,6 @@ __all__ = [
     "retry_after",
     "retry_now",
 ]
-
-
-class StopMode(_Enum):
-    """How ``stop()`` treats READY envelopes (contract §3)."""
-
-    #: Ready envelopes run before the stop ends; what they reschedule is parked.
-    DRAIN = "drain"
-    #: Ready envelopes are parked, not started.
-    STOP = "stop"
 
 
 class Rejection(enum.StrEnum):

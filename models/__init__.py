@@ -1,19 +1,22 @@
-"""Formal models of envq: the auditor-readable copy of the contract's state machines.
+"""Formal models of envq: the auditor's entry point.
 
-* :class:`~models.lifecycle.LifecycleModel` — the queue lifecycle (contract §3);
-* :class:`~models.envelope.EnvelopeModel` — one envelope's states and the outcome
+The python-statemachine models of the contract's two state machines ship inside the
+package as :mod:`envq.model` (``pip install envq[conform]`` adds what they need), so
+that ``envq conform`` can use them as its oracle; this top-level ``models`` package,
+which is not installed, re-exports them for reading and for the repository's scripts
+and tests:
+
+* :class:`~envq.model.lifecycle.LifecycleModel` — the queue lifecycle (contract §3);
+* :class:`~envq.model.envelope.EnvelopeModel` — one envelope's states and the outcome
   table (contract §4).
 
-Both are python-statemachine ``StateMachine`` classes written from the contract.
-``tests/test_models.py`` proves them equal to the runtime tables in
-``envq._machine``; ``scripts/gen_specs.py`` renders them into ``specs/``;
-``scripts/explore.py`` checks the runtime tables against the invariants. See
+``tests/test_models.py`` proves them equal to the runtime tables in ``envq._machine``,
+guards included; ``scripts/gen_specs.py`` renders them into ``specs/``. See
 ``docs/model.md``.
 """
 
 from __future__ import annotations
 
-from models.envelope import EVENTS, Context, EnvelopeModel
-from models.lifecycle import CALL_EVENTS, REJECTED, LifecycleModel
+from envq.model import CALL_EVENTS, EVENTS, REJECTED, Context, EnvelopeModel, LifecycleModel
 
 __all__ = ["CALL_EVENTS", "EVENTS", "REJECTED", "Context", "EnvelopeModel", "LifecycleModel"]

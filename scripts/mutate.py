@@ -104,6 +104,10 @@ TABLES: Final = (
     "DECISION_TARGET",
     "SHELVE_TARGET",
     "PARK_INSTEAD",
+    "LIMITED",
+    "ARMED",
+    "STOP_PARKS",
+    "TYPELESS",
     "ENVELOPE_MOVES",
     "DISPATCHING",
     "TERMINAL_STATES",
@@ -199,6 +203,8 @@ class Mutant:
 
 def _enc(value: object) -> Any:
     """JSON form of a table key or value: enum members and error classes by name."""
+    if isinstance(value, bool):
+        return value
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
     if isinstance(value, type):
@@ -215,8 +221,8 @@ def _enc(value: object) -> Any:
 
 
 def _dec(value: Any) -> Any:
-    if value is None:
-        return None
+    if value is None or isinstance(value, bool):
+        return value
     if isinstance(value, str):
         owner, _, name = value.partition(".")
         if owner == "errors":
@@ -249,13 +255,29 @@ def mutants() -> list[Mutant]:
     out += _outcome_mutants(m)
     # The plain maps: target → each other plausible state, or dropped.
     plausible = [s for s in m.EnvState if s not in (m.EnvState.NEW, m.EnvState.RUNNING)]
-    for table in ("DECISION_TARGET", "SHELVE_TARGET", "PARK_INSTEAD"):
+    for table in ("DECISION_TARGET", "SHELVE_TARGET", "PARK_INSTEAD", "LIMITED", "ARMED"):
         mapping: Mapping[Any, Any] = getattr(m, table)
         for key, target in mapping.items():
             for other in plausible:
                 if other is not target:
                     out.append(_set(table, key, f"→{target.name}", other, f"→{other.name}"))
             out.append(_drop(table, key, f"→{target.name}"))
+    # TYPELESS: the outcome → each other outcome, or dropped.
+    for key, outcome in m.TYPELESS.items():
+        for instead in m.Outcome:
+            if instead is not outcome:
+                change = f"→{instead.name}"
+                out.append(_set("TYPELESS", key, f"→{outcome.name}", instead, change))
+        out.append(_drop("TYPELESS", key, f"→{outcome.name}"))
+    # STOP_PARKS: per mode, each member removed, each other waiting state added
+    # (not BUFFERED: envelopes are buffered only in INIT, where a stop is a no-op).
+    for mode, parked in m.STOP_PARKS.items():
+        was = _name(parked)
+        for x in sorted(parked, key=lambda st: st.name):
+            out.append(_set("STOP_PARKS", mode, was, parked - {x}, f"without {x.name}"))
+        for x in (m.EnvState.READY, m.EnvState.DELAYED):
+            if x not in parked:
+                out.append(_set("STOP_PARKS", mode, was, parked | {x}, f"with {x.name}"))
     out += _envelope_move_mutants(m)
     out += _set_mutants(m)
     return out

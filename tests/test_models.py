@@ -43,6 +43,8 @@ from envq._machine import (
     OutcomeRow,
     QueueCall,
     QueueState,
+    StopMode,
+    target,
 )
 from models import CALL_EVENTS, EVENTS, REJECTED, Context, EnvelopeModel, LifecycleModel
 from models.tables import (
@@ -278,9 +280,74 @@ class TestOutcomes:
                 assert [machine.current_state_value] == expected, (context, outcome)
 
     def test_guarded_events_from_running_only_read_context(self) -> None:
-        """Only the moves out of NEW, BUFFERED, PARKED and RUNNING are guarded."""
+        """Only the moves out of NEW, BUFFERED, PARKED, RUNNING and (the stop mode)
+        READY are guarded."""
         guarded = {t.source for t in envelope_transitions() if t.guards}
-        assert guarded == {EnvState.NEW, EnvState.BUFFERED, EnvState.PARKED, EnvState.RUNNING}
+        assert guarded == {
+            EnvState.NEW,
+            EnvState.BUFFERED,
+            EnvState.PARKED,
+            EnvState.RUNNING,
+            EnvState.READY,
+        }
+
+
+class TestGuards:
+    """Guard by guard: for every (state, event, situation) the model allows exactly the
+    one target the runtime tables give (``envq._machine.target``), or none when they
+    give none."""
+
+    def test_every_state_event_and_situation_agrees(self) -> None:
+        """The model and the tables choose the same single target everywhere."""
+        disagreements = []
+        for context in contexts():
+            model = EnvelopeModel(context)
+            for state, event in ENVELOPE_PAIRS:
+                expected = target(state, event, context)
+                got = enabled_targets(model, state, event)
+                if got != ([] if expected is None else [expected]):
+                    disagreements.append((state.name, event.name, context, got, expected))
+        assert disagreements == [], disagreements[:5]
+
+    def test_targets_are_the_relation(self) -> None:
+        """Over all situations, the targets of each pair are ``ENVELOPE_MOVES``'s."""
+        union: dict[tuple[EnvState, EnvEvent | Outcome], set[EnvState]] = {}
+        for context in contexts():
+            for state, event in ENVELOPE_PAIRS:
+                found = target(state, event, context)
+                if found is not None:
+                    union.setdefault((state, event), set()).add(found)
+        assert {pair: frozenset(t) for pair, t in union.items()} == dict(ENVELOPE_MOVES)
+
+    @pytest.mark.parametrize(
+        ("table", "key", "value"),
+        [
+            ("STOP_PARKS", StopMode.DRAIN, frozenset({EnvState.READY, EnvState.DELAYED})),
+            ("LIMITED", EnvState.READY, EnvState.READY),
+            ("ARMED", True, EnvState.READY),
+            ("PARK_INSTEAD", EnvState.DELAYED, EnvState.DELAYED),
+            ("DECISION_TARGET", DecisionKind.RETRY_NOW, EnvState.DELAYED),
+        ],
+    )
+    def test_a_changed_guard_table_is_a_disagreement(
+        self, monkeypatch: pytest.MonkeyPatch, table: str, key: object, value: object
+    ) -> None:
+        """The comparison can fail: one changed entry of a guard table makes the tables
+        disagree with the model somewhere."""
+        import envq._machine as machine  # noqa: PLC0415 - patched below
+
+        monkeypatch.setattr(machine, table, {**getattr(machine, table), key: value})
+        found = False
+        for context in contexts():
+            model = EnvelopeModel(context)
+            for state, event in ENVELOPE_PAIRS:
+                expected = machine.target(state, event, context)
+                if enabled_targets(model, state, event) != ([] if expected is None else [expected]):
+                    found = True
+                    break
+            if found:
+                break
+        assert found
 
 
 class TestCanFail:

@@ -1,0 +1,229 @@
+"""The driver protocol's vocabulary, shared by the harness and the reference driver.
+
+A driver is a program that runs one port of envq (envq itself, the Go library, …)
+and speaks JSON lines on stdin/stdout: one command per line in, one response per line
+out (``specs/driver-protocol.md`` is the language-neutral definition). This module
+holds what both sides agree on: the scripted attempt :class:`Plan`, the failure
+:class:`Policy`, an envelope's :class:`EnvSpec`, the queue's :class:`QueueConfig`,
+the optional :data:`FEATURES` a port may declare, and the JSON forms of all of them.
+
+Durations are model seconds; a port on the real clock is given a ``time_scale`` (real
+seconds per model second) in ``hello``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+__all__ = [
+    "CAUSES",
+    "ERRORS",
+    "FEATURES",
+    "HANG_RELEASES",
+    "LONG_SECONDS",
+    "PROTOCOL",
+    "SLOW_SECONDS",
+    "EnvSpec",
+    "Plan",
+    "Policy",
+    "QueueConfig",
+    "StopCall",
+]
+
+#: The protocol's version, exchanged in ``hello``.
+PROTOCOL: Final = 1
+
+#: How long a :attr:`Plan.SLOW` attempt takes (model seconds); shorter than every
+#: deadline the harness generates.
+SLOW_SECONDS: Final = 3.0
+#: How long a :attr:`Plan.LONG` attempt takes; longer than every generated deadline.
+LONG_SECONDS: Final = 300.0
+
+#: Optional features a port declares in ``hello``; the harness generates only what the
+#: port declares. Everything else (queue, start, send, stop, terminate, advance,
+#: stats, one-off envelopes, ok/error/slow/long/hang attempts) every port must do.
+FEATURES: Final[Mapping[str, str]] = {
+    "buffer": "send() before the first start() buffers (INIT)",
+    "restart": "start() after a stop re-arms what was parked",
+    "stop_modes": "stop(mode=...) per call, DRAIN and STOP",
+    "stop_cancel": "stop(mode=STOP, cancel=True) cancels attempts in flight",
+    "stop_nowait": "stop(wait=False) returns at once; the report is not final",
+    "terminate_handback": "terminate() hands back what the queue still holds",
+    "send_wait": "send_wait(*envs, timeout=...) waits for room",
+    "periodic": "envelopes with an interval",
+    "fixed_rate": "periodic envelopes on a fixed-rate grid",
+    "deadline": "a per-attempt deadline (TIMEOUT)",
+    "delay": "a first delay after admission",
+    "on_failure": "on_failure decisions: drop, retry_now, retry_after, a crash",
+    "retry_policy": "an exponential-backoff Retry policy without on_failure",
+    "no_retry": "DoNotRetry ends the envelope (FAILED)",
+    "stop_envelope": "StopEnvelope ends the envelope (STOPPED)",
+    "stop_type": "StopType blacklists the envelope's type",
+    "dedup": "re-sending a live envelope is deduplicated",
+    "foreign": "an envelope live in a second queue is refused",
+}
+
+
+#: The protocol's names for what a call raises (language-neutral; envq's class names
+#: on the left).
+ERRORS: Final[Mapping[str, str]] = {
+    "QueueStopping": "queue_stopping",
+    "QueueNotRunning": "queue_not_running",
+    "QueueTerminated": "queue_terminated",
+    "CapacityExceeded": "capacity_exceeded",
+    "BadEnvelope": "bad_envelope",
+    "TypeBlacklisted": "type_blacklisted",
+    "ValueError": "invalid_argument",
+}
+
+#: The protocol's names for the cause of an envelope's move and the error on_failure
+#: sees (envq's class names on the left): the planned error, the deadline, a cancel,
+#: the control signals, retries used up.
+CAUSES: Final[Mapping[str, str]] = {
+    "RuntimeError": "error",
+    "TimeoutError": "timeout",
+    "CancelledError": "cancelled",
+    "StopEnvelope": "stop",
+    "StopType": "stop_type",
+    "DoNotRetry": "no_retry",
+    "MaxRetriesExceeded": "max_retries",
+}
+
+
+class Plan(enum.Enum):
+    """What one attempt of a scripted envelope does."""
+
+    #: Return at once (outcome OK).
+    OK = "ok"
+    #: Sleep :data:`SLOW_SECONDS`, then return (OK, unless cancelled meanwhile).
+    SLOW = "slow"
+    #: Sleep :data:`LONG_SECONDS`, then return: TIMEOUT with a deadline, else OK.
+    LONG = "long"
+    #: Raise an error (ERROR).
+    ERROR = "error"
+    #: Wait until released with another plan, the deadline expires (TIMEOUT) or the
+    #: attempt is cancelled (CANCELLED).
+    HANG = "hang"
+    #: Raise StopEnvelope (STOP).
+    STOP = "stop"
+    #: Raise StopType (STOP_TYPE; STOP on an envelope without a type).
+    STOP_TYPE = "stop_type"
+    #: Raise DoNotRetry (NO_RETRY).
+    NO_RETRY = "no_retry"
+
+
+#: What a released HANG attempt may do next.
+HANG_RELEASES: Final = (Plan.OK, Plan.ERROR, Plan.STOP, Plan.STOP_TYPE, Plan.NO_RETRY)
+
+
+class Policy(enum.Enum):
+    """How a scripted envelope reacts to a failed attempt."""
+
+    #: No on_failure and no retry: the table's default.
+    NONE = "none"
+    #: on_failure returns drop().
+    DROP = "drop"
+    #: on_failure returns None (drop).
+    DECIDE_NONE = "decide_none"
+    #: on_failure returns retry_now().
+    RETRY_NOW = "retry_now"
+    #: on_failure returns retry_after(EnvSpec.retry_after).
+    RETRY_AFTER = "retry_after"
+    #: on_failure raises (counts as drop).
+    CRASH = "crash"
+    #: No on_failure; an exponential-backoff retry policy (attempts, base, cap, no jitter).
+    RETRY = "retry"
+
+    @property
+    def has_on_failure(self) -> bool:
+        """Whether the envelope has an on_failure hook."""
+        return self not in (Policy.NONE, Policy.RETRY)
+
+
+def _plans(value: Any) -> tuple[Plan, ...]:
+    return tuple(Plan(p) if not isinstance(p, Plan) else p for p in value)
+
+
+@attrs.frozen
+class EnvSpec:
+    """The schedule, failure policy and script of one envelope (all model seconds)."""
+
+    type: str = ""
+    #: 0 = one-off.
+    interval: float = 0.0
+    deadline: float = 0.0
+    delay: float = 0.0
+    fixed_rate: bool = False
+    policy: Policy = Policy.NONE
+    #: The delay on_failure asks for with :attr:`Policy.RETRY_AFTER`.
+    retry_after: float = 2.0
+    #: The retry policy's fields for :attr:`Policy.RETRY` (attempts: -1 = unlimited).
+    attempts: int = 3
+    base: float = 1.0
+    cap: float = 4.0
+    #: What its first attempts do; ``plan`` commands append more.
+    script: tuple[Plan, ...] = attrs.field(default=(), converter=_plans)
+    #: What its attempts do once the script is used up: OK, SLOW, LONG or HANG.
+    then: Plan = Plan.OK
+
+    @property
+    def periodic(self) -> bool:
+        """Whether it has an interval."""
+        return self.interval > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as the protocol's JSON object."""
+        return {
+            "type": self.type,
+            "interval": self.interval,
+            "deadline": self.deadline,
+            "delay": self.delay,
+            "fixed_rate": self.fixed_rate,
+            "policy": self.policy.value,
+            "retry_after": self.retry_after,
+            "attempts": self.attempts,
+            "base": self.base,
+            "cap": self.cap,
+            "script": [p.value for p in self.script],
+            "then": self.then.value,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EnvSpec:
+        """The spec of a protocol JSON object (missing fields take their defaults)."""
+        fields = dict(data)
+        if "policy" in fields:
+            fields["policy"] = Policy(fields["policy"])
+        if "then" in fields:
+            fields["then"] = Plan(fields["then"])
+        return cls(**fields)
+
+
+@attrs.frozen
+class QueueConfig:
+    """The constructor arguments of the queue under test."""
+
+    workers: int = 1
+    #: 0 = unlimited.
+    capacity: int = 0
+    #: "drain" or "stop".
+    stop_mode: str = "drain"
+    wait: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        """As the ``queue`` command's fields."""
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class StopCall:
+    """The arguments of one ``stop`` call (``None`` = the queue's default)."""
+
+    #: "drain", "stop" or None.
+    mode: str | None = None
+    cancel: bool = False
+    wait: bool | None = None

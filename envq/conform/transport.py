@@ -1,0 +1,123 @@
+"""How the harness talks to a driver: a child process speaking JSON lines, or envq's
+reference driver in-process (the same messages, without the pipes)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = ["Driver", "DriverCrashed", "InProcessDriver", "ProcessDriver"]
+
+
+class DriverCrashed(RuntimeError):
+    """The driver exited, broke the protocol, or did not answer in time."""
+
+
+class Driver(Protocol):
+    """One driver session: send a command, get its response."""
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Send ``command``; its response (``ok``, ``result``/``error``, ``events``)."""
+        ...
+
+    def close(self) -> None:
+        """End the session (``quit``)."""
+        ...
+
+
+class ProcessDriver:
+    """A driver program: ``argv`` started once; one JSON object per line each way.
+
+    :param timeout: real seconds a response may take before the driver counts as hung.
+    """
+
+    def __init__(self, argv: Sequence[str], timeout: float = 60.0) -> None:
+        self.argv = list(argv)
+        self.timeout = timeout
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
+        except OSError as exc:
+            raise DriverCrashed(f"cannot start driver {self.argv}: {exc}") from exc
+        self._stderr: list[str] = []
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self._drain.start()
+
+    def _read_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._stderr.append(line)
+            del self._stderr[:-50]
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Send one command, read one response line."""
+        proc = self._proc
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(command) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise DriverCrashed(self._why(f"could not send {command.get('cmd')!r}: {exc}")) from exc
+        answer: list[str] = []
+        reader = threading.Thread(target=lambda: answer.append(proc.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        reader.join(self.timeout)
+        if reader.is_alive():
+            proc.kill()
+            raise DriverCrashed(
+                self._why(f"no answer to {command.get('cmd')!r} in {self.timeout} s")
+            )
+        line = answer[0] if answer else ""
+        if not line:
+            raise DriverCrashed(self._why(f"driver exited during {command.get('cmd')!r}"))
+        try:
+            response = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DriverCrashed(self._why(f"not JSON: {line[:200]!r}")) from exc
+        if not isinstance(response, dict):
+            raise DriverCrashed(self._why(f"not an object: {line[:200]!r}"))
+        return response
+
+    def _why(self, message: str) -> str:
+        tail = "".join(self._stderr[-10:]).rstrip()
+        return message + (f"\n--- driver stderr ---\n{tail}" if tail else "")
+
+    def close(self) -> None:
+        """``quit``, then wait for the process (killed if it lingers)."""
+        if self._proc.poll() is None:
+            with contextlib.suppress(DriverCrashed):
+                self.call({"cmd": "quit"})
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+class InProcessDriver:
+    """A driver object in this process (envq's :class:`envq.driver.Session` or a
+    variant of it): the harness's messages round-trip through JSON all the same, so the
+    in-process and the piped reference driver answer alike."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._session = make()
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Hand the command to the session."""
+        response = self._session.handle(json.loads(json.dumps(command)))
+        return json.loads(json.dumps(response))  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """End the session."""
+        self._session.handle({"cmd": "quit"})

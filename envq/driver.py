@@ -1,0 +1,463 @@
+"""The reference driver: envq itself behind the conformance protocol.
+
+``python -m envq.driver`` reads one JSON command per line on stdin and writes one JSON
+response per line on stdout (``specs/driver-protocol.md``); ``envq conform -- python
+-m envq.driver`` checks envq against its own model. Options: ``--clock virtual``
+(default: envq's virtual-time loop, time moves only when told) or ``--clock real``
+(an ordinary loop; the ``time_scale`` given in ``hello`` turns model seconds into real
+ones).
+
+:class:`Session` is the driver without the transport, so the harness and envq's own
+tests can run it in-process; its ``on_*`` methods are the places a deliberately
+faulty variant overrides (``tests/faulty_drivers.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, TextIO
+
+import envq
+from envq.conform.protocol import (
+    CAUSES,
+    ERRORS,
+    FEATURES,
+    LONG_SECONDS,
+    PROTOCOL,
+    SLOW_SECONDS,
+    EnvSpec,
+    Plan,
+    Policy,
+)
+from envq.testing import VirtualTimeLoop
+
+__all__ = ["Session", "main"]
+
+#: ``sleep(0)`` passes that let ready callbacks run after a command (no time passes).
+SETTLE_PASSES: Final = 200
+
+
+def _name(member: Any) -> str | None:
+    return None if member is None else str(member.value)
+
+
+def _error(exc: BaseException) -> str:
+    """The protocol's name of an error a call raised (the nearest known class)."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in ERRORS:
+            return ERRORS[cls.__name__]
+    return f"other:{type(exc).__name__}"
+
+
+def _cause(exc: BaseException) -> str:
+    """The protocol's name of a move's cause."""
+    name = type(exc).__name__
+    return CAUSES.get(name, f"other:{name}")
+
+
+class DriverError(Exception):
+    """A command the driver cannot carry out (a protocol error, not an envq one)."""
+
+
+class Session:
+    """One conformance session against envq: the queue under test, a second queue to
+    lend envelopes to, the scripted envelopes, and the observations not yet reported.
+
+    :param clock: ``"virtual"`` (envq's virtual-time loop) or ``"real"``.
+    """
+
+    def __init__(self, clock: str = "virtual") -> None:
+        if clock not in ("virtual", "real"):
+            raise DriverError(f"clock must be 'virtual' or 'real', got {clock!r}")
+        self.clock = clock
+        self.scale = 1.0
+        self.loop: asyncio.AbstractEventLoop = (
+            VirtualTimeLoop() if clock == "virtual" else asyncio.new_event_loop()
+        )
+        self._t0 = self.loop.time()
+        self.q: envq.Queue | None = None
+        self.other: envq.Queue | None = None
+        self.envs: dict[str, envq.Envelope] = {}
+        self.names: dict[envq.Envelope, str] = {}
+        self.specs: dict[str, EnvSpec] = {}
+        self.scripts: dict[str, collections.deque[Plan]] = {}
+        #: Hanging attempts: envelope name → (gate, the plan it is released with).
+        self.gates: dict[str, tuple[asyncio.Event, list[Plan]]] = {}
+        self.events: list[dict[str, Any]] = []
+        self._returned_at: int | None = None
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Model time: seconds since the session began, divided by the time scale."""
+        return (self.loop.time() - self._t0) / self.scale
+
+    def real(self, seconds: float) -> float:
+        """Model seconds as the queue's seconds."""
+        return seconds * self.scale
+
+    def observe(self, kind: str, **fields: Any) -> None:
+        """Record one observation for the next response."""
+        self.events.append({"t": self.now(), "kind": kind, **fields})
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run a command's coroutine, note where its observations stood when it
+        returned, then let the loop settle (no time passes)."""
+
+        async def step() -> Any:
+            try:
+                return await coro
+            finally:
+                self._returned_at = len(self.events)
+                for _ in range(SETTLE_PASSES):
+                    await asyncio.sleep(0)
+
+        return self.loop.run_until_complete(step())
+
+    def _queue(self) -> envq.Queue:
+        if self.q is None:
+            raise DriverError("no queue: send a 'queue' command first")
+        return self.q
+
+    def _env(self, name: object) -> envq.Envelope:
+        if not isinstance(name, str) or name not in self.envs:
+            raise DriverError(f"unknown envelope {name!r}")
+        return self.envs[name]
+
+    def close(self) -> None:
+        """End the session: terminate what is left and close the loop."""
+        for q in (self.q, self.other):
+            if q is not None and q.state is not envq.QueueState.TERMINATED:
+                self._run(q.terminate())
+        self.loop.close()
+
+    # -- the transport-free entry point -----------------------------------------------
+
+    def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Carry out one command; the response (with the observations it caused)."""
+        cmd = command.get("cmd")
+        method: Callable[[dict[str, Any]], Any] | None = getattr(self, f"cmd_{cmd}", None)
+        if not isinstance(cmd, str) or method is None:
+            raise DriverError(f"unknown command {cmd!r}")
+        response: dict[str, Any]
+        self._returned_at = None
+        try:
+            result = method(command)
+        except envq.EnvqError as exc:
+            response = {"ok": False, "error": _error(exc), "message": str(exc)}
+        except ValueError as exc:
+            response = {"ok": False, "error": ERRORS["ValueError"], "message": str(exc)}
+        else:
+            response = {"ok": True, "result": result}
+        events, self.events = self.events, []
+        response["events"] = events
+        # The observations made before the call returned, and those after (the loop
+        # settling): a call's result describes the queue at that point.
+        response["at"] = len(events) if self._returned_at is None else self._returned_at
+        response["t"] = self.now()
+        return response
+
+    # -- the queue's observations -------------------------------------------------------
+
+    def on_event(self, event: envq.Event) -> None:
+        """The queue's listener: every state change, as an observation."""
+        if event.envelope is None:
+            self.observe("queue", **{"from": _name(event.from_state), "to": _name(event.to_state)})
+            return
+        self.observe(
+            "move",
+            env=self.names.get(event.envelope, "?"),
+            **{"from": _name(event.from_state), "to": _name(event.to_state)},
+            outcome=_name(event.outcome),
+            cause=None if event.cause is None else _cause(event.cause),
+        )
+
+    async def invoke(self, env: envq.Envelope) -> None:
+        """A scripted envelope's invoke: the next plan of its script, else its default."""
+        name = self.names[env]
+        script = self.scripts[name]
+        plan = script.popleft() if script else self.specs[name].then
+        self.observe("invoke", env=name, plan=plan.value)
+        try:
+            if plan is Plan.SLOW or plan is Plan.LONG:
+                await asyncio.sleep(self.real(SLOW_SECONDS if plan is Plan.SLOW else LONG_SECONDS))
+                plan = Plan.OK
+            elif plan is Plan.HANG:
+                gate = asyncio.Event()
+                holder: list[Plan] = []
+                self.gates[name] = (gate, holder)
+                try:
+                    await gate.wait()
+                finally:
+                    self.gates.pop(name, None)
+                plan = holder[0]
+        except asyncio.CancelledError:
+            self.observe("cancelled", env=name)
+            raise
+        if plan is Plan.ERROR:
+            raise RuntimeError(f"{name}: planned error")
+        if plan is Plan.STOP:
+            raise envq.StopEnvelope
+        if plan is Plan.STOP_TYPE:
+            raise envq.StopType
+        if plan is Plan.NO_RETRY:
+            raise envq.DoNotRetry
+
+    async def on_failure(
+        self, env: envq.Envelope, exc: BaseException, attempt: int
+    ) -> envq.Decision | None:
+        """A scripted envelope's on_failure: reports the call, answers its policy."""
+        name = self.names[env]
+        self.observe("on_failure", env=name, error=_cause(exc), attempt=attempt)
+        policy = self.specs[name].policy
+        if policy is Policy.DROP:
+            return envq.drop()
+        if policy is Policy.RETRY_NOW:
+            return envq.retry_now()
+        if policy is Policy.RETRY_AFTER:
+            return envq.retry_after(self.real(self.specs[name].retry_after))
+        if policy is Policy.CRASH:
+            raise RuntimeError("on_failure crashed (planned)")
+        return None
+
+    # -- commands -----------------------------------------------------------------------
+
+    def cmd_hello(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Agree on the protocol; a real-clock session takes the time scale."""
+        if command.get("protocol", PROTOCOL) != PROTOCOL:
+            raise DriverError(f"protocol {command.get('protocol')!r} unknown (speaks {PROTOCOL})")
+        if self.clock == "real":
+            self.scale = float(command.get("time_scale", 0.05))
+        self._t0 = self.loop.time()
+        return {
+            "driver": "envq",
+            "version": envq.__version__,
+            "protocol": PROTOCOL,
+            "clock": self.clock,
+            "features": sorted(FEATURES),
+            "divergences": [],
+        }
+
+    def cmd_queue(self, command: dict[str, Any]) -> None:
+        """A new queue under test (the previous one must have been terminated)."""
+        if self.q is not None and self.q.state is not envq.QueueState.TERMINATED:
+            raise DriverError("the previous queue was not terminated")
+        self.q = envq.Queue(
+            "conform",
+            workers=int(command.get("workers", 1)),
+            capacity=int(command.get("capacity", 0)),
+            stop_mode=envq.StopMode(command.get("stop_mode", "drain")),
+            wait=bool(command.get("wait", True)),
+            log_unhandled=False,
+        )
+        self.q.subscribe(self.on_event)
+        if self.other is None:
+            self.other = envq.Queue("other", log_unhandled=False)
+
+    def cmd_define(self, command: dict[str, Any]) -> None:
+        """A scripted envelope, under a name the later commands use."""
+        name = command.get("env")
+        if not isinstance(name, str) or name in self.envs:
+            raise DriverError(f"bad or duplicate envelope name {name!r}")
+        spec = EnvSpec.from_json(command.get("spec", {}))
+        retry = None
+        if spec.policy is Policy.RETRY:
+            retry = envq.Retry(
+                attempts=spec.attempts,
+                base=self.real(spec.base),
+                cap=self.real(spec.cap),
+                jitter=False,
+            )
+        env = envq.Envelope(
+            invoke=self.invoke,
+            id=name,
+            type=spec.type,
+            interval=self.real(spec.interval),
+            deadline=self.real(spec.deadline),
+            delay=self.real(spec.delay),
+            schedule=envq.FIXED_RATE if spec.fixed_rate else envq.FIXED_DELAY,
+            on_failure=self.on_failure if spec.policy.has_on_failure else None,
+            retry=retry,
+        )
+        self.envs[name] = env
+        self.names[env] = name
+        self.specs[name] = spec
+        self.scripts[name] = collections.deque(spec.script)
+
+    def cmd_plan(self, command: dict[str, Any]) -> None:
+        """Append a plan to an envelope's script."""
+        self._env(command.get("env"))
+        self.scripts[command["env"]].append(Plan(command.get("plan")))
+
+    def cmd_release(self, command: dict[str, Any]) -> bool:
+        """Let a hanging attempt go on with a plan; False if it does not hang."""
+        name = command.get("env")
+        gate = self.gates.get(name) if isinstance(name, str) else None
+        if gate is None:
+            return False
+        gate[1].append(Plan(command.get("plan")))
+        gate[0].set()
+        self._run(asyncio.sleep(0))
+        return True
+
+    def cmd_start(self, command: dict[str, Any]) -> None:
+        """``start()``."""
+        q = self._queue()
+
+        async def go() -> None:
+            q.start()
+
+        self._run(go())
+
+    def cmd_send(self, command: dict[str, Any]) -> None:
+        """``send(*envs)``."""
+        q = self._queue()
+        envs = [self._env(name) for name in command.get("envs", [])]
+
+        async def go() -> None:
+            q.send(*envs)
+
+        self._run(go())
+
+    def cmd_send_wait(self, command: dict[str, Any]) -> dict[str, Any] | None:
+        """``send_wait(*envs, timeout)``; blocks, in model time, for at most ``limit``."""
+        q = self._queue()
+        envs = [self._env(name) for name in command.get("envs", [])]
+        timeout = command.get("timeout")
+        real_timeout = None if timeout is None else self.real(float(timeout))
+        return self._blocking(q.send_wait(*envs, timeout=real_timeout), command)
+
+    def cmd_lend(self, command: dict[str, Any]) -> None:
+        """Send an envelope to the second queue (it is then live there)."""
+        env = self._env(command.get("env"))
+        assert self.other is not None
+        self.other.send(env)
+
+    def cmd_reclaim(self, command: dict[str, Any]) -> list[str]:
+        """Terminate the second queue (a fresh one replaces it); what it handed back."""
+        other = self.other
+        assert other is not None
+        left = self._run(other.terminate())
+        self.other = envq.Queue("other", log_unhandled=False)
+        return [self.names[env] for env in left]
+
+    def _report(self, report: envq.StopReport) -> dict[str, Any]:
+        return {
+            "parked": [self.names[e] for e in report.parked],
+            "completed": [self.names[e] for e in report.completed],
+            "cancelled": [self.names[e] for e in report.cancelled],
+            "complete": report.complete,
+        }
+
+    def _blocking(
+        self, coro: Coroutine[Any, Any, Any], command: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Await ``coro`` for at most the command's ``limit`` (model seconds): its
+        result, or ``{"timed_out": true}``."""
+        limit = command.get("limit")
+
+        async def go() -> Any:
+            if limit is None:
+                return await coro
+            try:
+                return await asyncio.wait_for(coro, self.real(float(limit)))
+            except TimeoutError:
+                return _TIMED_OUT
+
+        value = self._run(go())
+        if value is _TIMED_OUT:
+            return {"timed_out": True}
+        return value  # type: ignore[no-any-return]
+
+    def cmd_stop(self, command: dict[str, Any]) -> dict[str, Any] | None:
+        """``stop(mode, cancel, wait)``; the report."""
+        q = self._queue()
+        mode = command.get("mode")
+        stopping = q.stop(
+            mode=None if mode is None else envq.StopMode(mode),
+            cancel=bool(command.get("cancel", False)),
+            wait=command.get("wait"),
+        )
+
+        async def report() -> Any:
+            return self._report(await stopping)
+
+        return self._blocking(report(), command)
+
+    def cmd_wait_stopped(self, command: dict[str, Any]) -> dict[str, Any] | None:
+        """``wait_stopped()``; the final report."""
+        q = self._queue()
+
+        async def report() -> Any:
+            return self._report(await q.wait_stopped())
+
+        return self._blocking(report(), command)
+
+    def cmd_terminate(self, command: dict[str, Any]) -> dict[str, Any] | None:
+        """``terminate()``; what it handed back."""
+        q = self._queue()
+
+        async def handed() -> Any:
+            return {"handed_back": [self.names[e] for e in await q.terminate()]}
+
+        return self._blocking(handed(), command)
+
+    def cmd_advance(self, command: dict[str, Any]) -> None:
+        """Let ``seconds`` of model time pass."""
+        self._run(asyncio.sleep(self.real(float(command.get("seconds", 0)))))
+
+    def cmd_stats(self, command: dict[str, Any]) -> dict[str, Any]:
+        """``statistics()``, with states, outcomes and reasons by their protocol names."""
+        stats = self._queue().statistics()
+        return {
+            "state": stats.state.value,
+            "capacity_used": stats.capacity_used,
+            "by_state": {s.value: n for s, n in stats.by_state.items()},
+            "in_flight": stats.in_flight,
+            "outcomes": {o.value: n for o, n in stats.outcomes.items()},
+            "dedups": stats.dedups,
+            "rejections": {str(r): n for r, n in stats.rejections.items()},
+        }
+
+    def cmd_quit(self, command: dict[str, Any]) -> None:
+        """End the session."""
+        self.close()
+
+
+_TIMED_OUT: Final = object()
+
+
+def serve(session: Session, stdin: TextIO, stdout: TextIO) -> None:
+    """Answer one JSON command per line until ``quit`` or the end of input."""
+    for line in stdin:
+        if not line.strip():
+            continue
+        try:
+            command = json.loads(line)
+            response = session.handle(command)
+        except (DriverError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            response = {"ok": False, "error": "DriverError", "message": str(exc), "events": []}
+            command = {}
+        stdout.write(json.dumps(response) + "\n")
+        stdout.flush()
+        if command.get("cmd") == "quit":
+            return
+    session.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m envq.driver [--clock virtual|real]``."""
+    parser = argparse.ArgumentParser(prog="python -m envq.driver", description=__doc__)
+    parser.add_argument("--clock", choices=("virtual", "real"), default="virtual")
+    args = parser.parse_args(argv)
+    serve(Session(args.clock), sys.stdin, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
