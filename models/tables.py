@@ -1,4 +1,4 @@
-"""Plain dict tables rebuilt from the models: the auditor's entry point to :mod:`envq.model.tables`."""
+"""Dict tables rebuilt from the models: the auditor's entry point to :mod:`envq.model.tables`."""
 
 from __future__ import annotations
 

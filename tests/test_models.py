@@ -44,7 +44,9 @@ from envq._machine import (
     QueueCall,
     QueueState,
     StopMode,
-    target,
+)
+from envq._machine import (
+    target as table_target,
 )
 from models import CALL_EVENTS, EVENTS, REJECTED, Context, EnvelopeModel, LifecycleModel
 from models.tables import (
@@ -303,7 +305,7 @@ class TestGuards:
         for context in contexts():
             model = EnvelopeModel(context)
             for state, event in ENVELOPE_PAIRS:
-                expected = target(state, event, context)
+                expected = table_target(state, event, context)
                 got = enabled_targets(model, state, event)
                 if got != ([] if expected is None else [expected]):
                     disagreements.append((state.name, event.name, context, got, expected))
@@ -314,7 +316,7 @@ class TestGuards:
         union: dict[tuple[EnvState, EnvEvent | Outcome], set[EnvState]] = {}
         for context in contexts():
             for state, event in ENVELOPE_PAIRS:
-                found = target(state, event, context)
+                found = table_target(state, event, context)
                 if found is not None:
                     union.setdefault((state, event), set()).add(found)
         assert {pair: frozenset(t) for pair, t in union.items()} == dict(ENVELOPE_MOVES)
