@@ -3,7 +3,9 @@
 * ``envq demo [--duration S] [--seed N] [--workers N] [--metrics-port PORT] [--live|--plain]``
   runs the narrated demo (:mod:`envq.demo`);
 * ``envq spec [--format text|markdown|json]`` prints the runtime's lifecycle and outcome
-  tables (:mod:`envq._machine`), the ones the queue executes.
+  tables (:mod:`envq._machine`), the ones the queue executes;
+* ``envq conform [options] -- CMD ARGS...`` checks a port of envq through a driver
+  (:mod:`envq.conform`; needs ``envq[conform]``).
 
 ``main(argv)`` is also the ``envq`` console script.
 """
@@ -121,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
             "and the choices their rows may make."
         ),
     )
+    commands.add_parser(
+        "conform",
+        help="check a port of envq through a driver (envq conform --help)",
+        add_help=False,
+    )
     spec.add_argument(
         "--format",
         choices=SPEC_FORMATS,
@@ -133,8 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``envq`` command line with ``argv`` (default ``sys.argv[1:]``); return
     the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["conform"]:
+        return _conform(args_list[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     if args.command == "demo":
         return run_demo(
             DemoOptions(
@@ -150,6 +160,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     parser.print_help(sys.stderr)
     return 2
+
+
+def _conform(argv: list[str]) -> int:
+    try:
+        from envq.conform.runner import main as conform_main  # noqa: PLC0415 - an extra's
+    except ImportError as exc:
+        sys.stderr.write(
+            f"envq conform needs the conform extra ({exc.name} is missing): "
+            "pip install 'envq[conform]'\n"
+        )
+        return 2
+    return conform_main(argv)
 
 
 # ---------------------------------------------------------------------------------------

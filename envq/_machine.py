@@ -554,4 +554,3 @@ def target(state: EnvState, event: EnvEvent | Outcome, situation: Situation) -> 
             return _E.STOPPED
         case _:
             return None
-

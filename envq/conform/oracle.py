@@ -350,6 +350,8 @@ class Coverage:
 
     checks: dict[str, int] = attrs.Factory(dict)
     rows: dict[str, int] = attrs.Factory(dict)
+    #: Steps checked (one per invariant check after a step).
+    steps: int = 0
 
     def check(self, name: str) -> None:
         """Count one check of ``name``."""
@@ -480,6 +482,27 @@ class Oracle:
             else:
                 raise Violation("protocol", f"unknown observation {ev!r}")
 
+    def resync(self, event: Mapping[str, Any]) -> None:
+        """After a violation the port is allowed (a declared divergence), follow the
+        port: take the state it reports, so that one divergence is reported once
+        rather than as a cascade."""
+        if event.get("kind") == "queue":
+            self.life = QS(event["to"])
+        elif event.get("kind") == "move" and event.get("env") in self.tracks:
+            t = self.tracks[str(event["env"])]
+            to = ES(event["to"])
+            if t.state in LIVE and to in TERMINAL_STATES:
+                t.ends += 1
+            elif t.state not in LIVE and to in LIVE:
+                t.stays += 1
+                self.admissions += 1
+                t.seq = self.admissions
+            t.state = to
+            self.admitting.discard(t.name)
+            if to is not ES.RUNNING:
+                t.attempt = None
+                t.hooks = []
+
     def _invoked(self, name: str, plan: Plan, now: float) -> None:
         t = self.tracks[name]
         self.coverage.check("I3")
@@ -539,6 +562,7 @@ class Oracle:
         outcome = None if ev.get("outcome") is None else O(ev["outcome"])
         self.coverage.check("I7")
         if frm is ES.NEW:
+            self.coverage.check("I8")
             _check(
                 t.state is ES.NEW or t.state in TERMINAL_STATES,
                 "I8",
@@ -805,6 +829,7 @@ class Oracle:
             used = int(stats["capacity_used"])
             _check(used == len(live), "I1", f"capacity_used {used}, live envelopes {len(live)}")
             by_state = stats.get("by_state", {})
+            self.coverage.check("I2")
             for state in LIVE:
                 got = int(by_state.get(state.value, 0))
                 want = len(self.in_state(state))

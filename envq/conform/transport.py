@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-__all__ = ["Driver", "DriverCrashed", "InProcessDriver", "ProcessDriver"]
+__all__ = ["Driver", "DriverCrashed", "InProcessDriver", "ProcessDriver", "SharedProcess"]
 
 
 class DriverCrashed(RuntimeError):
@@ -50,8 +51,15 @@ class ProcessDriver:
         except OSError as exc:
             raise DriverCrashed(f"cannot start driver {self.argv}: {exc}") from exc
         self._stderr: list[str] = []
-        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
-        self._drain.start()
+        self._lines: queue.Queue[str] = queue.Queue()
+        for target in (self._read_stderr, self._read_stdout):
+            threading.Thread(target=target, daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # the end of the output
 
     def _read_stderr(self) -> None:
         assert self._proc.stderr is not None
@@ -69,16 +77,12 @@ class ProcessDriver:
             proc.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
             raise DriverCrashed(self._why(f"could not send {command.get('cmd')!r}: {exc}")) from exc
-        answer: list[str] = []
-        reader = threading.Thread(target=lambda: answer.append(proc.stdout.readline()))  # type: ignore[union-attr]
-        reader.start()
-        reader.join(self.timeout)
-        if reader.is_alive():
+        try:
+            line = self._lines.get(timeout=self.timeout)
+        except queue.Empty:
             proc.kill()
-            raise DriverCrashed(
-                self._why(f"no answer to {command.get('cmd')!r} in {self.timeout} s")
-            )
-        line = answer[0] if answer else ""
+            why = f"no answer to {command.get('cmd')!r} in {self.timeout} s"
+            raise DriverCrashed(self._why(why)) from None
         if not line:
             raise DriverCrashed(self._why(f"driver exited during {command.get('cmd')!r}"))
         try:
@@ -121,3 +125,49 @@ class InProcessDriver:
     def close(self) -> None:
         """End the session."""
         self._session.handle({"cmd": "quit"})
+
+
+class SharedProcess:
+    """One driver process for a whole run: each session begins with ``reset`` (a
+    driver starts in a fresh session, so the first does not need one), and only
+    :meth:`shutdown` ends the process. Starting an interpreter per example would cost
+    more than the example."""
+
+    def __init__(self, argv: Sequence[str], timeout: float = 60.0) -> None:
+        self.argv = list(argv)
+        self.timeout = timeout
+        self._process: ProcessDriver | None = None
+        self._used = False
+
+    def connect(self) -> Driver:
+        """A session on the shared process (a new process if the last one died)."""
+        process = self._process
+        if process is None or process._proc.poll() is not None:
+            process = self._process = ProcessDriver(self.argv, self.timeout)
+            self._used = False
+        elif self._used:
+            answer = process.call({"cmd": "reset"})
+            if not answer.get("ok"):
+                raise DriverCrashed(f"reset answered {answer}")
+        self._used = True
+        return _Session(process)
+
+    def shutdown(self) -> None:
+        """End the process (``quit``)."""
+        if self._process is not None:
+            self._process.close()
+            self._process = None
+
+
+class _Session:
+    """A session on a shared driver process: closing it leaves the process running."""
+
+    def __init__(self, process: ProcessDriver) -> None:
+        self._process = process
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Send one command to the shared process."""
+        return self._process.call(command)
+
+    def close(self) -> None:
+        """Nothing: the next session resets the process."""

@@ -1,0 +1,450 @@
+"""``envq conform``: run the conformance machine against a driver, report, replay.
+
+:func:`run` asks the driver what it supports (``hello``), generates only that, and
+runs the Hypothesis machine; the first violation is shrunk to a short counterexample.
+:func:`audit` runs again and again, each time setting aside what was found, to list
+every distinct divergence of a port with its own minimal counterexample. :func:`report`
+writes the result per invariant and per table row, as text or Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import Flaky
+from hypothesis.stateful import run_state_machine_as_test
+
+from envq._machine import ENVELOPE_MOVES, LIFECYCLE, OUTCOMES
+from envq.conform.harness import Harness, replay
+from envq.conform.machine import Recorder, make_machine
+from envq.conform.oracle import Coverage, Violation
+from envq.conform.strategies import Profile
+from envq.conform.transport import Driver, DriverCrashed, InProcessDriver, SharedProcess
+from envq.model.invariants import INVARIANTS
+
+__all__ = ["Finding", "Options", "Result", "audit", "main", "report", "run"]
+
+
+@attrs.frozen
+class Options:
+    """How much to generate, and how."""
+
+    #: Hypothesis examples (runs of the machine).
+    examples: int = 100
+    #: Steps (rules) per example.
+    steps: int = 50
+    #: The same examples every time (a seed derived from the machine).
+    derandomize: bool = False
+    #: Real seconds per model second, for a port on the real clock.
+    time_scale: float = 0.05
+    shrink: bool = True
+    #: Violations not to report (a check, or a check and a table row).
+    ignore: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Finding:
+    """One violation, with the commands that reproduce it."""
+
+    check: str
+    row: str | None
+    message: str
+    script: tuple[dict[str, Any], ...]
+    #: The port declared it (a known divergence), or an audit set it aside.
+    declared: bool = False
+    #: The name of the declared divergence it belongs to.
+    divergence: str | None = None
+
+    @property
+    def key(self) -> str:
+        """``check`` or ``check row``: what ignores it next time."""
+        return f"{self.check} {self.row}" if self.row else self.check
+
+
+@attrs.define
+class Result:
+    """What a run (or an audit) found."""
+
+    driver: dict[str, Any]
+    findings: list[Finding] = attrs.Factory(list)
+    coverage: Coverage = attrs.Factory(Coverage)
+    steps: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """No violation but declared divergences, and the driver worked."""
+        return self.error is None and all(f.declared for f in self.findings)
+
+
+def hello(connect: Callable[[], Driver], options: Options) -> dict[str, Any]:
+    """The driver's answer to ``hello`` (one short session)."""
+    driver = connect()
+    try:
+        response = driver.call({"cmd": "hello", "protocol": 1, "time_scale": options.time_scale})
+    finally:
+        driver.close()
+    answer = response.get("result")
+    if not response.get("ok") or not isinstance(answer, dict):
+        raise DriverCrashed(f"hello answered {response}")
+    return answer
+
+
+def _declared(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    return [d for d in answer.get("divergences", []) if isinstance(d, dict)]
+
+
+def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
+    """Run the conformance machine against a driver; at most one new finding."""
+    answer = hello(connect, options)
+    declared = _declared(answer)
+    declared_keys = [key for d in declared for key in d.get("checks", [])]
+    profile = Profile(frozenset(answer.get("features", [])), answer.get("clock") == "real")
+    result = Result(answer)
+    recorder = Recorder()
+    machine = make_machine(
+        connect,
+        profile,
+        recorder,
+        hello={"time_scale": options.time_scale},
+        ignore=[*options.ignore, *declared_keys],
+        coverage=result.coverage,
+    )
+    phases = [Phase.explicit, Phase.reuse, Phase.generate]
+    if options.shrink:
+        phases.append(Phase.shrink)
+    config = settings(
+        max_examples=options.examples,
+        stateful_step_count=options.steps,
+        deadline=None,
+        derandomize=options.derandomize,
+        database=None,
+        phases=phases,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(machine, settings=config)
+    except Violation as exc:
+        harness = recorder.harness
+        script = tuple(harness.log) if harness is not None else ()
+        result.findings.append(Finding(exc.check, exc.row, exc.message, script))
+    except (DriverCrashed, Flaky) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.seconds = time.monotonic() - started
+    result.steps = result.coverage.steps
+    harness = recorder.harness
+    if harness is not None:
+        for known in harness.known:
+            divergence = next(
+                (d.get("name") for d in declared if _in(known, d.get("checks", []))), None
+            )
+            finding = Finding(
+                known.check, known.row, known.message, (), declared=True, divergence=divergence
+            )
+            if finding.key not in {f.key for f in result.findings}:
+                result.findings.append(finding)
+    return result
+
+
+def _in(violation: Violation, keys: Iterable[str]) -> bool:
+    own = {violation.check, f"{violation.check} {violation.row}" if violation.row else ""}
+    return any(key in own for key in keys)
+
+
+def audit(
+    connect: Callable[[], Driver],
+    options: Options = Options(),
+    rounds: int = 12,
+) -> Result:
+    """Find every distinct divergence: run, set the finding aside, run again — until a
+    run finds nothing new (or after ``rounds``). Each finding keeps its own shrunk
+    counterexample."""
+    ignore = list(options.ignore)
+    total: Result | None = None
+    for _ in range(rounds):
+        one = run(connect, attrs.evolve(options, ignore=tuple(ignore)))
+        if total is None:
+            total = Result(one.driver, coverage=one.coverage)
+        else:
+            for name, n in one.coverage.checks.items():
+                total.coverage.checks[name] = total.coverage.checks.get(name, 0) + n
+            for name, n in one.coverage.rows.items():
+                total.coverage.rows[name] = total.coverage.rows.get(name, 0) + n
+        total.steps += one.steps
+        total.coverage.steps = total.steps
+        total.seconds += one.seconds
+        new = [f for f in one.findings if not f.declared]
+        for finding in one.findings:
+            if finding.declared and finding.key not in {f.key for f in total.findings}:
+                total.findings.append(finding)
+        if one.error is not None:
+            total.error = one.error
+            break
+        if not new:
+            break
+        for finding in new:
+            total.findings.append(finding)
+            ignore.append(finding.key)
+    assert total is not None
+    return total
+
+
+# ---------------------------------------------------------------------------------------
+# Reports
+# ---------------------------------------------------------------------------------------
+
+
+#: Which feature a table row needs (a row a port cannot reach is "not applicable").
+def _needs(row: str) -> str | None:
+    rules = (
+        ("PERIODIC", "periodic"),
+        ("STOP_TYPE", "stop_type"),
+        ("NO_RETRY", "no_retry"),
+        (",STOP]", "stop_envelope"),
+        ("TIMEOUT", "deadline"),
+        ("CANCELLED", "stop_cancel"),
+        ("BUFFERED", "buffer"),
+        ("LIFECYCLE[INIT,", "buffer"),
+        ("PARKED", "restart"),
+        ("LIFECYCLE[STOPPED,START]", "restart"),
+    )
+    for needle, feature in rules:
+        if needle in row:
+            return feature
+    return None
+
+
+def _rows() -> list[str]:
+    rows = [f"LIFECYCLE[{s.name},{c.name}]" for (s, c) in LIFECYCLE]
+    rows += [f"OUTCOMES[{k.name},{o.name}]" for (k, o) in OUTCOMES]
+    rows += [f"ENVELOPE_MOVES[{s.name},{e.name}]" for (s, e) in ENVELOPE_MOVES]
+    return rows
+
+
+def report(result: Result, out: TextIO, *, markdown: bool = False) -> None:
+    """Write the result: per invariant and per table row, then each finding with its
+    counterexample."""
+    driver = result.driver
+    features = set(driver.get("features", []))
+    rate = result.steps / result.seconds if result.seconds else 0.0
+    verdict = "PASS" if result.passed else "FAIL"
+    head = (
+        f"{driver.get('driver', '?')} {driver.get('version', '')} on the "
+        f"{driver.get('clock', '?')} clock: {verdict}; {result.steps} steps in "
+        f"{result.seconds:.1f} s ({rate:.0f} steps/s)"
+    )
+    violated: dict[str, list[Finding]] = {}
+    for finding in result.findings:
+        violated.setdefault(finding.check, []).append(finding)
+        if finding.row:
+            violated.setdefault(finding.row, []).append(finding)
+
+    def status(name: str, checked: int, feature: str | None = None) -> str:
+        found = violated.get(name, [])
+        if any(not f.declared for f in found):
+            return "violated"
+        if found:
+            return "declared divergence"
+        if feature is not None and feature not in features:
+            return "not applicable"
+        return "checked" if checked else "not reached"
+
+    if markdown:
+        out.write(f"**{head}**\n\n")
+        if result.error:
+            out.write(f"Driver error: `{result.error}`\n\n")
+        out.write("| invariant | checks | status |\n|---|---|---|\n")
+        for inv in INVARIANTS:
+            n = result.coverage.checks.get(inv.id, 0)
+            out.write(f"| {inv.id} — {inv.title} | {n} | {status(inv.id, n)} |\n")
+        out.write("\n| table row | uses | status |\n|---|---|---|\n")
+        for row in _rows():
+            n = result.coverage.rows.get(row, 0)
+            out.write(f"| `{row}` | {n} | {status(row, n, _needs(row))} |\n")
+        for i, finding in enumerate(result.findings, 1):
+            kind = "declared divergence" if finding.declared else "violation"
+            title = f"{finding.key}" + (f" ({finding.divergence})" if finding.divergence else "")
+            out.write(f"\n### {i}. {kind}: {title}\n\n{finding.message}\n")
+            if finding.script:
+                out.write("\n```jsonl\n")
+                for command in finding.script:
+                    out.write(json.dumps(command) + "\n")
+                out.write("```\n")
+        return
+    out.write(head + "\n")
+    if result.error:
+        out.write(f"driver error: {result.error}\n")
+    out.write("\ninvariants:\n")
+    for inv in INVARIANTS:
+        n = result.coverage.checks.get(inv.id, 0)
+        out.write(f"  {inv.id:3} {status(inv.id, n):20} {n:7} checks  {inv.title}\n")
+    out.write("\ntable rows:\n")
+    for row in _rows():
+        n = result.coverage.rows.get(row, 0)
+        out.write(f"  {status(row, n, _needs(row)):20} {n:7}  {row}\n")
+    for i, finding in enumerate(result.findings, 1):
+        kind = "declared divergence" if finding.declared else "VIOLATION"
+        out.write(f"\n{i}. {kind} {finding.key}: {finding.message}\n")
+        if finding.script:
+            out.write(f"   counterexample: {len(finding.script)} commands\n")
+
+
+def save_scripts(result: Result, directory: Path) -> list[Path]:
+    """Write each finding's counterexample as a JSON-lines script; their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, finding in enumerate(result.findings, 1):
+        if not finding.script:
+            continue
+        name = finding.key.replace(" ", "_").replace("[", "-").replace("]", "").replace(",", "-")
+        path = directory / f"{i:02}-{name}.jsonl"
+        path.write_text("".join(json.dumps(c) + "\n" for c in finding.script))
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``envq conform``'s arguments (everything after ``--`` is the driver's command)."""
+    parser = argparse.ArgumentParser(
+        prog="envq conform",
+        description=(
+            "Check a port of envq against the model, through a driver speaking the "
+            "JSON-lines protocol of specs/driver-protocol.md: envq conform [options] -- "
+            "CMD ARGS..."
+        ),
+    )
+    parser.add_argument("--examples", type=int, default=100, help="Hypothesis examples (100)")
+    parser.add_argument("--steps", type=int, default=50, help="steps per example (50)")
+    parser.add_argument("--derandomize", action="store_true", help="the same run every time")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.05,
+        help="real seconds per model second, for a real-clock driver (0.05)",
+    )
+    parser.add_argument("--no-shrink", action="store_true", help="report the first failure as is")
+    parser.add_argument(
+        "--audit", action="store_true", help="find every distinct divergence, not only the first"
+    )
+    parser.add_argument("--rounds", type=int, default=12, help="most audit rounds (12)")
+    parser.add_argument("--ignore", action="append", default=[], help="a check to set aside")
+    parser.add_argument("--report", choices=("text", "md"), default="text")
+    parser.add_argument("--out", type=Path, default=None, help="write the report there")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        default=Path("conform-failures"),
+        help="where counterexamples are saved (./conform-failures)",
+    )
+    parser.add_argument(
+        "--expect",
+        type=Path,
+        default=None,
+        help="a file of expected finding keys, one per line: exit 0 iff exactly these",
+    )
+    parser.add_argument("--replay", type=Path, default=None, help="play back a saved script")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``envq conform [options] -- CMD ARGS...``; the exit code."""
+    args_list = list(argv)
+    if "--" in args_list:
+        cut = args_list.index("--")
+        mine, command = args_list[:cut], args_list[cut + 1 :]
+    else:
+        mine, command = args_list, []
+    parser = build_parser()
+    args = parser.parse_args(mine)
+    connect: Callable[[], Driver]
+    shared: SharedProcess | None = None
+    if command:
+        shared = SharedProcess(command)
+        connect = shared.connect
+    else:
+        from envq.driver import Session  # noqa: PLC0415 - the in-process reference driver
+
+        connect = lambda: InProcessDriver(Session)  # noqa: E731
+        logging.getLogger("envq").disabled = True  # the engine's log is not the report
+    options = Options(
+        examples=args.examples,
+        steps=args.steps,
+        derandomize=args.derandomize,
+        time_scale=args.time_scale,
+        shrink=not args.no_shrink,
+        ignore=tuple(args.ignore),
+    )
+    try:
+        if args.replay is not None:
+            return _replay(connect, args.replay, options)
+        result = audit(connect, options, args.rounds) if args.audit else run(connect, options)
+    except DriverCrashed as exc:
+        sys.stderr.write(f"envq conform: {exc}\n")
+        return 2
+    finally:
+        if shared is not None:
+            shared.shutdown()
+    out = sys.stdout if args.out is None else args.out.open("w", encoding="utf-8")
+    try:
+        report(result, out, markdown=args.report == "md")
+    finally:
+        if args.out is not None:
+            out.close()
+    for path in save_scripts(result, args.save):
+        sys.stderr.write(f"counterexample: {path}  (replay: envq conform --replay {path} -- ...)\n")
+    if result.error is not None:
+        return 2
+    if args.expect is not None:
+        expected = {
+            line.strip()
+            for line in args.expect.read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        }
+        found = {f.key for f in result.findings}
+        if found != expected:
+            sys.stderr.write(
+                f"envq conform: findings differ from {args.expect}:\n"
+                f"  new: {sorted(found - expected)}\n  gone: {sorted(expected - found)}\n"
+            )
+            return 1
+        return 0
+    return 0 if result.passed else 1
+
+
+def _replay(connect: Callable[[], Driver], path: Path, options: Options) -> int:
+    commands = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    first = commands[0] if commands and commands[0].get("cmd") == "hello" else {}
+    answer = hello(connect, options)
+    harness = Harness(
+        connect(),
+        hello={"time_scale": first.get("time_scale", options.time_scale)},
+        real_clock=answer.get("clock") == "real",
+        ignore=options.ignore,
+    )
+    try:
+        replay(harness, commands)
+    except Violation as exc:
+        sys.stdout.write(f"VIOLATION {exc}\nafter {len(harness.log)} commands\n")
+        return 1
+    finally:
+        harness.close()
+    sys.stdout.write(f"no violation: {len(commands)} commands replayed\n")
+    return 0
