@@ -137,6 +137,10 @@ class TestStopModeTable:
         assert (trace.last(f), trace.last(r), trace.last(d)) == cell.final
         assert trace.cancels == ([("f", 1.0)] if cell.cancel else [])
         assert trace.started("r") == ([10.0] if cell.mode is DRAIN else [])
+        # DRAIN runs the ready envelope without ever parking it; STOP parks it at once.
+        assert trace.states(r) == (
+            [ES.READY, ES.RUNNING, ES.SUCCEEDED] if cell.mode is DRAIN else [ES.READY, ES.PARKED]
+        )
         assert trace.started("d") == []
         assert q.capacity_used == len(cell.parked)
         # The delayed envelope keeps the 99 s it still had to wait at t=1.
