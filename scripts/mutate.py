@@ -725,18 +725,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--equivalents", action="store_true", help="run only the accepted equivalents (audit)"
     )
-    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once")
-    parser.add_argument("--timeout", type=float, default=0.0, help="per pytest run (s); 0: auto")
-    parser.add_argument("--idle", type=float, default=5.0, help="virtual-loop idle timeout (s)")
-    parser.add_argument(
-        "--exclude", action="append", metavar="TEST_FILE", help="also leave out this test file"
-    )
-    parser.add_argument(
-        "--include", action="append", metavar="TEST_FILE", help="run an excluded test file too"
-    )
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary copy")
-    parser.add_argument("-v", "--verbose", action="store_true", help="a line per mutant")
+    add_runner_options(parser)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, interrupt)  # clean up (children, the copy) on kill
 
@@ -777,6 +767,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"kept {copy}")
         else:
             shutil.rmtree(copy, ignore_errors=True)
+
+
+def add_runner_options(parser: argparse.ArgumentParser) -> None:
+    """The options of how mutants are run (shared with ``mutate_code.py``)."""
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once")
+    parser.add_argument("--timeout", type=float, default=0.0, help="per pytest run (s); 0: auto")
+    parser.add_argument("--idle", type=float, default=5.0, help="virtual-loop idle timeout (s)")
+    parser.add_argument(
+        "--exclude", action="append", metavar="TEST_FILE", help="also leave out this test file"
+    )
+    parser.add_argument(
+        "--include", action="append", metavar="TEST_FILE", help="run an excluded test file too"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary copies")
+    parser.add_argument("-v", "--verbose", action="store_true", help="a line per mutant")
 
 
 #: The runners of this process, for the SIGTERM handler.

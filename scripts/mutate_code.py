@@ -593,6 +593,7 @@ def problems(
     parse or whose code is unchanged, a quick id that names no mutant."""
     found: list[str] = []
     seen: set[str] = set()
+    dumps: dict[str, str] = {}  # file -> its unmutated code's AST
     for mu in mutants:
         if mu.ident in seen:
             found.append(f"{mu.ident}: the id is used twice")
@@ -614,7 +615,9 @@ def problems(
         except SyntaxError as exc:
             found.append(f"{mu.ident}: the mutated {mu.file} does not parse: {exc}")
             continue
-        if ast.dump(tree) == ast.dump(ast.parse(source, mu.file)):
+        if mu.file not in dumps:
+            dumps[mu.file] = ast.dump(ast.parse(source, mu.file))
+        if ast.dump(tree) == dumps[mu.file]:
             found.append(f"{mu.ident}: the replacement changes no code")
     found += [f"{ident}: in QUICK but not a mutant" for ident in quick if ident not in seen]
     return found
@@ -709,17 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the fixed CI sample (QUICK)")
     parser.add_argument("--only", action="append", metavar="ID", help="only this mutant")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
-    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once")
-    parser.add_argument("--timeout", type=float, default=0.0, help="per pytest run (s); 0: auto")
-    parser.add_argument("--idle", type=float, default=5.0, help="virtual-loop idle timeout (s)")
-    parser.add_argument(
-        "--exclude", action="append", metavar="TEST_FILE", help="also leave out this test file"
-    )
-    parser.add_argument(
-        "--include", action="append", metavar="TEST_FILE", help="run an excluded test file too"
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the temporary copies")
-    parser.add_argument("-v", "--verbose", action="store_true", help="a line per mutant")
+    mutate.add_runner_options(parser)
     args = parser.parse_args(argv)
 
     stale = problems(MUTANTS)

@@ -6,28 +6,16 @@ them. No mutant is run here (that is ``python scripts/mutate_code.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
+# scripts/ is not a package: its scripts import each other as top-level modules.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import mutate_code
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load() -> ModuleType:
-    path = ROOT / "scripts" / "mutate_code.py"
-    spec = importlib.util.spec_from_file_location("mutate_code", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mutate_code"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mutate_code = _load()
 MUTANTS = mutate_code.MUTANTS
 
 
