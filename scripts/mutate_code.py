@@ -7,7 +7,7 @@ to a copy of the repository (the work tree is never touched) and the behavioural
 run against it with ``pytest -x``; the mutant is *killed* when a test fails or the run
 hangs. Every mutant must be killed: a survivor is a behaviour the suite leaves
 unpinned, so write the test that pins it (or, if no test can tell the mutant from the
-real code, drop it from the list with the reason in a comment).
+real code, drop it from the list and give the reason in :data:`EQUIVALENT`).
 
 This complements ``scripts/mutate.py``, which mutates the runtime tables' rows; the
 copying, the staged and confirmed pytest runs, the parallel driver and the excluded
@@ -25,13 +25,13 @@ mutant to mutant: the mutant's file is rewritten in the copy, the tests run, the
 is put back. Each rewrite gives the file a new modification time, so no cached
 bytecode of an earlier version is ever used. The tests run in two stages as in
 ``mutate.py`` (``tests/test_table_rows.py``, then the other behavioural files), and a
-kill by the second stage is confirmed (the killing test alone fails again with the
-mutant, and passes with the original source put back).
+kill by the second stage is confirmed (the killing test alone, or its file, fails again
+with the mutant, and passes with the original source put back).
 
 Usage::
 
     python scripts/mutate_code.py            # every mutant (~7 min on 2 cores)
-    python scripts/mutate_code.py --quick    # the fixed CI sample, QUICK (~2 min)
+    python scripts/mutate_code.py --quick    # the fixed CI sample, QUICK (~1.2 min)
     python scripts/mutate_code.py --list     # print the mutants, run nothing
     python scripts/mutate_code.py --only queue-internal-error-ignored -v
 
