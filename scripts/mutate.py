@@ -23,10 +23,12 @@ the ``ENVQ_MUTANT`` environment variable (JSON) and patches the table in
 ``envq._machine`` and every alias of it in the other envq modules (``envq._queue`` does
 ``from envq._machine import ...``). A mutant runs ``tests/test_table_rows.py`` first
 and the other behavioural files only if it survives them; a kill by one of those others
-(some are timing-sensitive) counts only if the killing test alone fails again with the
-mutant and passes without it. Two mutants run at a time (``--jobs``). The accepted
-equivalents are not run (``--run-equivalents`` runs them too, ``--equivalents`` only
-them, to check the list is not stale).
+(some are timing-sensitive) counts only if the killing test alone (or, when it passes
+alone, its file) fails again with the mutant and passes without it. Two mutants run at
+a time (``--jobs``). The accepted equivalents are not run (``--run-equivalents`` runs
+them too, ``--equivalents`` only them, to check the list is not stale). The copying,
+the staged runs and the parallel driver are shared with ``scripts/mutate_code.py``
+(realistic bugs in the engine's code).
 
 Usage::
 
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import enum
 import json
 import os
@@ -55,11 +58,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import Any, Final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -85,6 +89,8 @@ EXCLUDED: Final[Mapping[str, str]] = {
     "test_examples.py": "runs the example scripts in fresh interpreters, without the mutant",
     "test_benchmarks_smoke.py": "runs the benchmarks in a fresh interpreter (slow, no mutant)",
     "test_stateful.py": "minutes per run: too slow to run per mutant (--include it to try)",
+    "test_mutate_code.py": "checks scripts/mutate_code.py's list against the source: not"
+    " about behaviour (and kills every code mutant trivially)",
 }
 #: Run first (with ``-x`` the first failure ends the run, so likely killers go first).
 FIRST: Final = (
@@ -496,8 +502,20 @@ UNMUTATED: Final = Mutant("-", "-", "unmutated", {})
 KILLED: Final = ("killed", "timeout")
 
 
+class Labelled(Protocol):
+    """Anything mutated: a table row here, a piece of source in ``mutate_code.py``."""
+
+    @property
+    def ident(self) -> str: ...
+
+
+M = TypeVar("M", bound=Labelled)
+#: Entered around a confirming run of the unmutated code (see :meth:`Runner.staged`).
+Clean = Callable[[], AbstractContextManager[object]]
+
+
 @dataclass
-class Result:
+class Result(Generic[M]):
     """What the tests made of one mutant.
 
     ``verdict``: "killed" (a test failed), "timeout" (a run hung: counts as killed),
@@ -505,7 +523,7 @@ class Result:
     "error" (pytest itself failed).
     """
 
-    mutant: Mutant
+    mutant: M
     verdict: str
     seconds: float
     killer: str = ""
@@ -520,7 +538,8 @@ class Runner:
     threads, virtual time only, fast to collect), then, only if it survived them, every
     other behavioural test file. A kill by the second stage, whose tests include some
     timing-sensitive ones (threads, real time), is confirmed: the killing test alone
-    must fail again with the mutant and pass without it.
+    (or, if it passes alone, its file) must fail again with the mutant and pass without
+    it.
     """
 
     def __init__(self, copy: Path, idle: float, files: Sequence[str]) -> None:
@@ -552,10 +571,20 @@ class Runner:
         env = {**self.env, ENV_VAR: json.dumps(None)}
         subprocess.run(cmd, cwd=self.copy, env=env, capture_output=True, check=False)
 
-    def run(self, mutant: Mutant | None) -> Result:
+    def run(self, mutant: Mutant | None) -> Result[Mutant]:
+        """Run a table mutant (the plugin applies its spec); None: the unmutated suite."""
+        if mutant is None:
+            return self.staged(UNMUTATED, None, None)
+        return self.staged(mutant, dict(mutant.spec), contextlib.nullcontext)
+
+    def staged(self, mutant: M, spec: Mapping[str, Any] | None, clean: Clean | None) -> Result[M]:
+        """Run the stages against ``mutant`` (``spec``: the plugin's table patch, if any)
+        until one fails. Without ``clean`` nothing is confirmed (the unmutated suite);
+        with it, a kill by a later stage is confirmed: the killing test alone fails
+        again, and passes with no spec while ``clean()`` is entered (for a source
+        mutant: the original source put back meanwhile)."""
         started = time.monotonic()
-        spec = None if mutant is None else dict(mutant.spec)
-        result = Result(mutant or UNMUTATED, "survived", 0.0)
+        result = Result(mutant, "survived", 0.0)
         for n, files in enumerate(self.stages):
             t0 = time.monotonic()
             verdict, out = self._pytest(files, spec, self.timeouts[n])
@@ -563,22 +592,28 @@ class Runner:
             result.verdict, result.output = verdict, out
             found = re.search(r"^(?:FAILED|ERROR) (\S+)", out, re.MULTILINE)
             result.killer = found.group(1) if found else ""
-            if verdict == "killed" and n > 0 and mutant is not None:
-                result.verdict = self._confirm(spec, result.killer, self.timeouts[n])
+            if verdict == "killed" and n > 0 and clean is not None:
+                result.verdict = self._confirm(spec, result.killer, self.timeouts[n], clean)
             if verdict != "survived":
                 break
         result.seconds = time.monotonic() - started
         return result
 
-    def _confirm(self, spec: Mapping[str, Any] | None, killer: str, timeout: float) -> str:
-        """Confirm a kill: ``killer`` alone fails with the mutant and passes without it."""
+    def _confirm(
+        self, spec: Mapping[str, Any] | None, killer: str, timeout: float, clean: Clean
+    ) -> str:
+        """Confirm a kill: ``killer`` alone fails with the mutant and passes without it;
+        or, if it passes alone, its whole file does (the failure may depend on what the
+        file's earlier tests left behind, e.g. a global queue)."""
         if not killer or "::" not in killer:
             return "killed"  # a collection error: not a flaky test
-        again, _ = self._pytest([killer], spec, timeout)
-        if again not in KILLED:
-            return "flaky"
-        clean, _ = self._pytest([killer], None, timeout)
-        return "killed" if clean == "survived" else "flaky"
+        for selection in ([killer], [killer.partition("::")[0]]):
+            again, _ = self._pytest(selection, spec, timeout)
+            if again in KILLED:
+                with clean():
+                    unmutated, _ = self._pytest(selection, None, timeout)
+                return "killed" if unmutated == "survived" else "flaky"
+        return "flaky"
 
     def _pytest(
         self, files: Sequence[str], spec: Mapping[str, Any] | None, timeout: float
@@ -651,7 +686,7 @@ def sample(all_mutants: Sequence[Mutant], per_table: int, seed: int) -> list[Mut
     return [mu for mu in all_mutants if mu in picked]
 
 
-def report(results: Sequence[Result], skipped: Sequence[Mutant]) -> int:
+def report(results: Sequence[Result[Mutant]], skipped: Sequence[Mutant]) -> int:
     """Print the per-table counts, the survivors and the equivalents; the exit code."""
     print()
     print(f"{'table':<16} {'mutants':>7} {'killed':>7} {'survived':>9} {'accepted':>9}")
@@ -686,13 +721,17 @@ def report(results: Sequence[Result], skipped: Sequence[Mutant]) -> int:
         for r in stale:
             print(f"  {r.mutant.ident} ({r.killer or r.verdict})")
     if errors:
-        print(f"\nERRORS ({len(errors)}): the mutant run did not end in pass/fail")
-        for r in errors:
-            print(f"  {r.mutant.ident}")
-            print("    " + "\n    ".join(r.output.strip().splitlines()[-15:]))
-    if errors:
+        print_errors(errors)
         return 2
     return 1 if missing else 0
+
+
+def print_errors(errors: Sequence[Result[M]]) -> None:
+    """The runs that ended neither in pass nor in fail, with their output's tail."""
+    print(f"\nERRORS ({len(errors)}): the mutant run did not end in pass/fail")
+    for r in errors:
+        print(f"  {r.mutant.ident}")
+        print("    " + "\n    ".join(r.output.strip().splitlines()[-15:]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -708,20 +747,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--equivalents", action="store_true", help="run only the accepted equivalents (audit)"
     )
-    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once")
-    parser.add_argument("--timeout", type=float, default=0.0, help="per pytest run (s); 0: auto")
-    parser.add_argument("--idle", type=float, default=5.0, help="virtual-loop idle timeout (s)")
-    parser.add_argument(
-        "--exclude", action="append", metavar="TEST_FILE", help="also leave out this test file"
-    )
-    parser.add_argument(
-        "--include", action="append", metavar="TEST_FILE", help="run an excluded test file too"
-    )
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary copy")
-    parser.add_argument("-v", "--verbose", action="store_true", help="a line per mutant")
+    add_runner_options(parser)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)  # clean up (children, the copy) on kill
+    signal.signal(signal.SIGTERM, interrupt)  # clean up (children, the copy) on kill
 
     chosen = mutants()
     assert len({mu.ident for mu in chosen}) == len(chosen), "mutant idents must be unique"
@@ -748,7 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = Runner(
         copy, args.idle, behavioural_files(copy, args.exclude or (), args.include or ())
     )
-    _RUNNERS.append(runner)
+    RUNNERS.append(runner)
     try:
         return _run(args, runner, chosen, skipped)
     except KeyboardInterrupt:
@@ -762,45 +791,79 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(copy, ignore_errors=True)
 
 
-#: The runner of this process, for the SIGTERM handler.
-_RUNNERS: list[Runner] = []
+def add_runner_options(parser: argparse.ArgumentParser) -> None:
+    """The options of how mutants are run (shared with ``mutate_code.py``)."""
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once")
+    parser.add_argument("--timeout", type=float, default=0.0, help="per pytest run (s); 0: auto")
+    parser.add_argument("--idle", type=float, default=5.0, help="virtual-loop idle timeout (s)")
+    parser.add_argument(
+        "--exclude", action="append", metavar="TEST_FILE", help="also leave out this test file"
+    )
+    parser.add_argument(
+        "--include", action="append", metavar="TEST_FILE", help="run an excluded test file too"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary copies")
+    parser.add_argument("-v", "--verbose", action="store_true", help="a line per mutant")
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    for runner in _RUNNERS:
-        runner.close()  # no new pytest run starts, the ones going are killed
+#: The runners of this process, for the SIGTERM handler.
+RUNNERS: list[Runner] = []
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """SIGTERM: no new pytest run starts, the ones going are killed."""
+    for runner in RUNNERS:
+        runner.close()
     raise KeyboardInterrupt
 
 
-def _run(
-    args: argparse.Namespace, runner: Runner, chosen: Sequence[Mutant], skipped: Sequence[Mutant]
-) -> int:
-    started = time.monotonic()
-    runner.warm()
+def baseline(runner: Runner, timeout: float) -> Result[Mutant] | None:
+    """Run the unmutated suite (once more if it fails: some timing-sensitive tests are
+    flaky) and set the runner's per-stage timeouts from it (``timeout`` if given); None,
+    after printing why, when it does not pass."""
     base = runner.run(None)
     if base.verdict != "survived":
-        base = runner.run(None)  # once more: some timing-sensitive tests are flaky
+        base = runner.run(None)
     if base.verdict != "survived":
         print(base.output)
         print(f"the unmutated test suite does not pass ({base.verdict}): nothing to check")
-        return 2
+        return None
     # A stage that runs far longer than unmutated has hung (a mutant can spin).
-    runner.timeouts = [args.timeout or max(30.0, 5 * t) for t in base.stage_seconds]
+    runner.timeouts = [timeout or max(30.0, 5 * t) for t in base.stage_seconds]
+    return base
+
+
+def announce(count: int, jobs: int, runner: Runner, base: Result[Mutant]) -> None:
+    """The line that starts a run: how many mutants, the unmutated times, the timeouts."""
     stages = " + ".join(f"{t:.1f}" for t in base.stage_seconds)
     print(
-        f"{len(chosen)} mutants, {args.jobs} at a time; unmutated suite {stages} s "
+        f"{count} mutants, {jobs} at a time; unmutated suite {stages} s "
         f"({len(runner.files)} files); timeouts "
         + " + ".join(f"{t:.0f}" for t in runner.timeouts)
         + " s",
         flush=True,
     )
-    results: list[Result] = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+
+
+def run_all(
+    run_one: Callable[[M], Result[M]],
+    chosen: Sequence[M],
+    jobs: int,
+    *,
+    verbose: bool,
+    expected: Callable[[M], bool],
+    close: Callable[[], None],
+) -> list[Result[M]]:
+    """``run_one`` every mutant, ``jobs`` at a time, in order; a line per mutant that is
+    not killed (unless ``expected`` of it), or per mutant with ``verbose``. On Ctrl-C:
+    ``close()`` (kills the pytest runs going), wait for the threads, re-raise."""
+    results: list[Result[M]] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         try:
-            for n, result in enumerate(pool.map(runner.run, chosen), 1):
+            for n, result in enumerate(pool.map(run_one, chosen), 1):
                 results.append(result)
                 bad = result.verdict in ("survived", "flaky", "error")
-                if args.verbose or (bad and not accepted(result.mutant)):
+                if verbose or (bad and not expected(result.mutant)):
                     where = f" ({result.killer})" if result.killer else ""
                     print(
                         f"[{n}/{len(chosen)}] {result.verdict.upper():<8} "
@@ -808,14 +871,39 @@ def _run(
                         flush=True,
                     )
         except KeyboardInterrupt:
-            runner.close()
+            close()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-    code = report(results, skipped)
+    return results
+
+
+def summary(results: Sequence[Result[M]], started: float) -> None:
+    """The run's last lines: elapsed time, then ``mutants: N killed: K survived: S``."""
     killed = sum(r.verdict in KILLED for r in results)
     survived = sum(r.verdict in ("survived", "flaky") for r in results)
     print(f"\nelapsed {time.monotonic() - started:.0f} s")
     print(f"mutants: {len(results)} killed: {killed} survived: {survived}")
+
+
+def _run(
+    args: argparse.Namespace, runner: Runner, chosen: Sequence[Mutant], skipped: Sequence[Mutant]
+) -> int:
+    started = time.monotonic()
+    runner.warm()
+    base = baseline(runner, args.timeout)
+    if base is None:
+        return 2
+    announce(len(chosen), args.jobs, runner, base)
+    results = run_all(
+        runner.run,
+        chosen,
+        args.jobs,
+        verbose=args.verbose,
+        expected=lambda mu: accepted(mu) is not None,
+        close=runner.close,
+    )
+    code = report(results, skipped)
+    summary(results, started)
     return code
 
 

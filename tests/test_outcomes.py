@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable
+from typing import Any
 
 import pytest
 from support import TERMINAL, noop, now, raising, running
@@ -939,6 +941,101 @@ class TestHookErrors:
             q.send(later)
             assert (await rec.ended(later)).to_state is EnvState.SUCCEEDED
         assert any(r.exc_info is not None and r.exc_info[1] is crash for r in caplog.records)
+
+
+class TestInternalErrors:
+    """The queue's own failure while handling an envelope (contract §4, the seed's
+    "panic"): provoked by making the worker's private step ``Queue._settle`` raise once."""
+
+    @staticmethod
+    def fail_once(queue: envq.Queue, crash: BaseException, *, after: bool) -> None:
+        """Make the next ``_settle`` raise ``crash``: at once (``after=False``), or once
+        the row it returned has been performed (``after=True``: the envelope has ended)."""
+        real = queue._settle
+        calls = 0
+
+        async def then_raise(pending: Awaitable[None] | None) -> None:
+            if pending is not None:
+                await pending
+            raise crash
+
+        def settle(*args: Any) -> Awaitable[None] | None:
+            nonlocal calls
+            calls += 1
+            if calls > 1:
+                return real(*args)
+            if not after:
+                raise crash
+            return then_raise(real(*args))
+
+        queue._settle = settle  # type: ignore[method-assign]
+
+    async def test_envelope_ends_failed_and_frees_its_slot(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """An internal error while handling an envelope ends it FAILED (outcome ERROR, the
+        error as the event's cause), frees its capacity slot, is logged with its
+        traceback, and the worker carries on with the next envelope."""
+        caplog.set_level(logging.ERROR, logger="envq")
+        crash = RuntimeError("envq bug")
+        env = envq.Envelope(invoke=noop, id="victim")
+        later = envq.Envelope(invoke=noop, id="later")
+        async with running(workers=1, capacity=1) as (q, rec):
+            self.fail_once(q, crash, after=False)
+            q.send(env)
+            final = await rec.ended(env)
+            assert final.from_state is EnvState.RUNNING
+            assert final.to_state is EnvState.FAILED
+            assert final.outcome is Outcome.ERROR
+            assert final.cause is crash
+            assert rec.states(env) == [EnvState.READY, EnvState.RUNNING, EnvState.FAILED]
+            assert q.capacity_used == 0
+            stats = q.statistics()
+            assert stats.in_flight == 0
+            assert stats.by_state.get(EnvState.FAILED, 0) == 1
+            assert q.state_of(env) is None
+            q.send(later)  # the slot is free, and a worker takes it
+            assert (await rec.ended(later)).to_state is EnvState.SUCCEEDED
+        logged = [r for r in caplog.records if "internal error handling" in r.getMessage()]
+        assert len(logged) == 1
+        assert env.label() in logged[0].getMessage()
+        assert logged[0].exc_info is not None
+        assert logged[0].exc_info[1] is crash
+
+    @pytest.mark.parametrize("hook", [False, True], ids=["no-hook", "on_success"])
+    async def test_after_the_envelope_ended_it_keeps_its_one_end(
+        self, caplog: pytest.LogCaptureFixture, hook: bool
+    ) -> None:
+        """An internal error raised after the envelope has already ended (here: once its
+        outcome row, on_success included, was performed) is logged, and the envelope
+        keeps the one terminal state it reached: it is not ended a second time."""
+        caplog.set_level(logging.ERROR, logger="envq")
+        crash = RuntimeError("envq bug after the end")
+        successes: list[float] = []
+
+        async def on_success(env: envq.Envelope) -> None:
+            await asyncio.sleep(2)
+            successes.append(now())
+
+        env = envq.Envelope(invoke=noop, on_success=on_success if hook else None)
+        budget = envq.HookTimeout(floor=100)
+        async with running(workers=1, capacity=1, hook_timeout=budget) as (q, rec):
+            self.fail_once(q, crash, after=True)
+            q.send(env)
+            final = await rec.ended(env)
+            await asyncio.sleep(10)
+            assert final.to_state is EnvState.SUCCEEDED
+            assert [e.to_state for e in rec.of(env) if e.to_state in TERMINAL] == [
+                EnvState.SUCCEEDED
+            ]
+            assert successes == ([2.0] if hook else [])
+            assert q.capacity_used == 0
+            q.send(envq.Envelope(invoke=noop))  # the worker is still serving
+            assert q.statistics().by_state.get(EnvState.SUCCEEDED, 0) == 1
+            await asyncio.sleep(1)
+            assert q.statistics().by_state.get(EnvState.SUCCEEDED, 0) == 2
+        logged = [r for r in caplog.records if "internal error handling" in r.getMessage()]
+        assert [r.exc_info[1] if r.exc_info else None for r in logged] == [crash]
 
 
 class TestCapacitySlot:

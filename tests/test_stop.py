@@ -137,6 +137,10 @@ class TestStopModeTable:
         assert (trace.last(f), trace.last(r), trace.last(d)) == cell.final
         assert trace.cancels == ([("f", 1.0)] if cell.cancel else [])
         assert trace.started("r") == ([10.0] if cell.mode is DRAIN else [])
+        # DRAIN runs the ready envelope without ever parking it; STOP parks it at once.
+        assert trace.states(r) == (
+            [ES.READY, ES.RUNNING, ES.SUCCEEDED] if cell.mode is DRAIN else [ES.READY, ES.PARKED]
+        )
         assert trace.started("d") == []
         assert q.capacity_used == len(cell.parked)
         # The delayed envelope keeps the 99 s it still had to wait at t=1.
@@ -431,6 +435,89 @@ class TestReschedulesDuringStop:
         await advance(10)
         assert trace.started("d") == [24.0]
         await q.stop()
+
+
+class TestStopWaitsForHooks:
+    """A stop completes only when no worker holds an envelope: a worker inside
+    ``on_success`` / ``on_failure`` holds one (the hook is not cancellable, and the
+    envelope's next state is decided only when it returns)."""
+
+    HOOKS = ("on_success", "on_failure")
+    MODES = ((DRAIN, False), (STOP, False), (STOP, True))
+
+    @staticmethod
+    def hooked(
+        trace: Trace, hook: str, ends: list[tuple[str, float]], seconds: float = 5.0
+    ) -> envq.Envelope:
+        """An envelope whose attempt ends at once and whose ``hook`` then runs for
+        ``seconds`` (and puts it back: periodic on_success, on_failure's retry_now)."""
+
+        async def on_success(env: envq.Envelope) -> None:
+            await asyncio.sleep(seconds)
+            ends.append((hook, now()))
+
+        async def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> envq.Decision:
+            await asyncio.sleep(seconds)
+            ends.append((hook, now()))
+            return envq.retry_now()
+
+        if hook == "on_success":
+            return trace.env(hook, interval=50, on_success=on_success)
+        return trace.env(hook, fail=True, on_failure=on_failure)
+
+    @pytest.mark.parametrize(("mode", "cancel"), MODES, ids=["drain", "stop", "stop-cancel"])
+    @pytest.mark.parametrize("hook", HOOKS)
+    async def test_stop_during_a_hook_returns_after_it(
+        self, hook: str, mode: envq.StopMode, cancel: bool
+    ) -> None:
+        """A stop issued while a success or failure hook runs returns only after the hook
+        has ended (a hook is never cancelled by a stop), and its report counts the
+        envelope the hook put back: parked, the queue STOPPED, the report complete."""
+        ends: list[tuple[str, float]] = []
+        trace = Trace()
+        q = make_queue(trace, hook_timeout=envq.HookTimeout(floor=100))
+        env = self.hooked(trace, hook, ends)
+        q.start()
+        q.send(env)
+        await advance(1)
+        assert q.state_of(env) is ES.RUNNING
+        report = await q.stop(mode=mode, cancel=cancel)
+        assert now() == 5.0
+        assert ends == [(hook, 5.0)]
+        assert q.state is QS.STOPPED
+        assert report.complete is True
+        assert report.parked == (env,)
+        assert report.cancelled == ()
+        assert q.state_of(env) is ES.PARKED
+        assert await q.wait_stopped() == report
+        await q.terminate()
+
+    @pytest.mark.parametrize("hook", HOOKS)
+    async def test_another_attempt_ending_does_not_finish_the_stop(self, hook: str) -> None:
+        """While one worker is inside a hook, another worker's attempt ending during the
+        stop does not complete the stop: it completes when the hook ends, and its report
+        counts both attempts and parks the envelope the hook put back."""
+        ends: list[tuple[str, float]] = []
+        trace = Trace()
+        q = make_queue(trace, workers=2, hook_timeout=envq.HookTimeout(floor=100))
+        hooked = self.hooked(trace, hook, ends, seconds=6)
+        slow = trace.env("slow", 4)
+        q.start()
+        q.send(slow, hooked)
+        await advance(1)  # hooked's hook runs 0..6, slow's attempt 0..4
+        stopping = asyncio.ensure_future(q.stop(mode=DRAIN))
+        await advance(4)
+        assert sorted(trace.ends) == [(hook, 0.0), ("slow", 4.0)]
+        assert not stopping.done()
+        assert q.state is QS.STOPPING
+        report = await stopping
+        assert now() == 6.0
+        assert ends == [(hook, 6.0)]
+        assert report.complete is True
+        assert report.completed == (slow,)
+        assert report.parked == (hooked,)
+        assert trace.last(slow) is ES.SUCCEEDED
+        await q.terminate()
 
 
 # ---------------------------------------------------------------------------------------

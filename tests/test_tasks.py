@@ -623,6 +623,39 @@ class TestShutdown:
         await q.shutdown()
         assert fn.times == [0, 10]
 
+    async def test_shutdown_runs_tasks_enqueued_while_stopped(self) -> None:
+        """Tasks enqueued while the queue is stopped (after a cancelled run()) are held,
+        not run; shutdown() runs them to their end (after callbacks and futures
+        included) before it returns: none is silently dropped."""
+        first, second = Flaky(value=1), Flaky(fails=1, value=2)
+        called: list[tuple[str, BaseException | None, float]] = []
+
+        async def after(err: BaseException | None) -> None:
+            called.append(("a", err, now()))
+
+        q = envq.TaskQueue()
+        runner = asyncio.create_task(q.run())
+        await asyncio.sleep(1)
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        assert q.queue.state is envq.QueueState.STOPPED
+        a = q.enqueue(envq.Task(first).after(after))
+        b = q.enqueue(envq.Task(second).retries(2).backoff(3).no_jitter())
+        await asyncio.sleep(10)
+        assert first.times == second.times == []  # held while stopped
+        assert q.pending == 2
+        await q.shutdown()
+        assert first.times == [11.0]
+        assert second.times == [11.0, 14.0]
+        assert a.done
+        assert b.done
+        assert (a.result, b.result) == (None, None)
+        assert (await a, await b) == (1, 2)
+        assert called == [("a", None, 11.0)]
+        assert q.pending == 0
+        assert q.queue.state is envq.QueueState.TERMINATED
+
     async def test_from_inside_a_task(self) -> None:
         """shutdown() from one of the queue's own tasks raises RuntimeError."""
         q = envq.TaskQueue()
