@@ -151,9 +151,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-drain-parks-ready",
         "_queue.py",
-        "        parkable = (EnvState.DELAYED, _READY) if mode is StopMode.STOP else"
-        " (EnvState.DELAYED,)\n",
-        "        parkable = (EnvState.DELAYED, _READY)\n",
+        "        parkable = STOP_PARKS[mode]\n",
+        "        parkable = STOP_PARKS[StopMode.STOP]\n",
         "a DRAIN stop parks the ready envelopes instead of running them (the ready queue"
         " still holds them)",
     ),
@@ -189,7 +188,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-limiter-ready-retry-not-delayed",
         "_queue.py",
-        "            if delay > 0 and to is _READY:\n                to = _DELAYED\n",
+        "            if delay > 0:\n                to = LIMITED.get(to, to)\n",
         "",
         "a retry_now that the limiter says must wait still runs at once",
     ),
@@ -219,7 +218,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
         "queue-terminal-no-forget",
         "_queue.py",
         "            if rec.tick:\n                self._delays.drop(rec)\n"
-        "            if self.limiter is not None:\n                self._forget(env)\n",
+        "            if self.limiter is not None:\n                self._limiter_forget(env)\n",
         "            if rec.tick:\n                self._delays.drop(rec)\n",
         "the retry limiter is never told to forget an envelope that ended",
     ),
@@ -296,9 +295,9 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-periodic-failures-not-reset",
         "_queue.py",
-        "    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow)"
+        "    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState)"
         " -> None:\n        rec.failures = 0\n",
-        "    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, row: OutcomeRow)"
+        "    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState)"
         " -> None:\n",
         "a periodic envelope's consecutive-failure count is not reset by an OK run",
     ),
@@ -352,9 +351,9 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "attempt-after-no-budget",
         "_attempt.py",
-        "        self._limit(w, deadline_at if budget is None else min(deadline_at, self._clock()"
-        " + budget))\n",
-        "        self._limit(w, deadline_at)\n",
+        "        limit = deadline_at if budget is None else min(deadline_at, self._clock() + budget)"
+        "\n        self._set_limit(w, limit)\n",
+        "        self._set_limit(w, deadline_at)\n",
         "the after hook runs without its own time budget",
     ),
     _m(
@@ -409,7 +408,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "timers-deadline-not-rearmed-earlier",
         "_timers.py",
-        "        if at < self._at:\n",
+        "        if at < self.armed_at:\n",
         "        if self._handle is None:\n",
         "a worker's earlier time limit waits for the limit already armed",
     ),
@@ -446,11 +445,11 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
         "a periodic envelope whose deadline equals its interval is refused",
     ),
     _m(
-        "envelope-bare-ignores-deadline",
-        "_envelope.py",
-        "and not self.stamps and not self.deadline,",
-        "and not self.stamps,",
-        "an envelope with a deadline takes the bare fast path: its deadline is ignored",
+        "queue-lean-ignores-deadline",
+        "_queue.py",
+        "                    deadline = env.deadline\n",
+        "                    deadline = 0.0\n",
+        "an envelope without hooks or stamps runs its attempt inline, its deadline ignored",
     ),
     # -- envq/_limits.py -----------------------------------------------------------------
     _m(

@@ -16,7 +16,7 @@ import pytest
 from support import TERMINAL, noop, now, raising, running
 
 import envq
-from envq import EnvState, Outcome
+from envq import EnvState, Kind, Outcome
 
 
 class Starts:
@@ -945,13 +945,15 @@ class TestHookErrors:
 
 class TestInternalErrors:
     """The queue's own failure while handling an envelope (contract §4, the seed's
-    "panic"): provoked by making the worker's private step ``Queue._settle`` raise once."""
+    "panic"): provoked by making the worker's private step — the queue's resolved
+    outcome row for a one-off OK attempt — raise once."""
 
     @staticmethod
     def fail_once(queue: envq.Queue, crash: BaseException, *, after: bool) -> None:
-        """Make the next ``_settle`` raise ``crash``: at once (``after=False``), or once
-        the row it returned has been performed (``after=True``: the envelope has ended)."""
-        real = queue._settle
+        """Make the next one-off OK row raise ``crash``: at once (``after=False``), or
+        once the row has been performed (``after=True``: the envelope has ended)."""
+        rows = queue._plan[Kind.ONE_OFF]
+        real = rows[Outcome.OK]
         calls = 0
 
         async def then_raise(pending: Awaitable[None] | None) -> None:
@@ -959,7 +961,7 @@ class TestInternalErrors:
                 await pending
             raise crash
 
-        def settle(*args: Any) -> Awaitable[None] | None:
+        def perform(*args: Any) -> Awaitable[None] | None:
             nonlocal calls
             calls += 1
             if calls > 1:
@@ -968,7 +970,7 @@ class TestInternalErrors:
                 raise crash
             return then_raise(real(*args))
 
-        queue._settle = settle  # type: ignore[method-assign]
+        rows[Outcome.OK] = perform
 
     async def test_envelope_ends_failed_and_frees_its_slot(
         self, caplog: pytest.LogCaptureFixture
