@@ -37,7 +37,7 @@ from envq.conform.protocol import (
 )
 from envq.testing import VirtualTimeLoop
 
-__all__ = ["Session", "main"]
+__all__ = ["DriverError", "Session", "answer", "main"]
 
 #: ``sleep(0)`` passes that let ready callbacks run after a command (no time passes).
 SETTLE_PASSES: Final = 200
@@ -454,20 +454,27 @@ class Session:
 _TIMED_OUT: Final = object()
 
 
+def answer(session: Session, line: str) -> tuple[dict[str, Any], bool]:
+    """The response to one command line, and whether it was ``quit``. A command the
+    driver cannot carry out is answered with a ``DriverError``, as the protocol says."""
+    try:
+        command = json.loads(line)
+        if not isinstance(command, dict):
+            raise DriverError(f"a command is a JSON object, got {command!r}")
+        return session.handle(command), command.get("cmd") == "quit"
+    except (DriverError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return {"ok": False, "error": "DriverError", "message": str(exc), "events": []}, False
+
+
 def serve(session: Session, stdin: TextIO, stdout: TextIO) -> None:
     """Answer one JSON command per line until ``quit`` or the end of input."""
     for line in stdin:
         if not line.strip():
             continue
-        try:
-            command = json.loads(line)
-            response = session.handle(command)
-        except (DriverError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            response = {"ok": False, "error": "DriverError", "message": str(exc), "events": []}
-            command = {}
+        response, quitting = answer(session, line)
         stdout.write(json.dumps(response) + "\n")
         stdout.flush()
-        if command.get("cmd") == "quit":
+        if quitting:
             return
     session.close()
 

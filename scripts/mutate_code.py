@@ -351,8 +351,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "attempt-after-no-budget",
         "_attempt.py",
-        "        limit = deadline_at if budget is None else min(deadline_at, self._clock() + budget)"
-        "\n        self._set_limit(w, limit)\n",
+        "        limit = deadline_at if budget is None else min(deadline_at, self._clock() + budget"
+        ")\n        self._set_limit(w, limit)\n",
         "        self._set_limit(w, deadline_at)\n",
         "the after hook runs without its own time budget",
     ),

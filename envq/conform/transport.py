@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from envq.driver import answer
+
 __all__ = ["Driver", "DriverCrashed", "InProcessDriver", "ProcessDriver", "SharedProcess"]
 
 
@@ -52,8 +54,12 @@ class ProcessDriver:
             raise DriverCrashed(f"cannot start driver {self.argv}: {exc}") from exc
         self._stderr: list[str] = []
         self._lines: queue.Queue[str] = queue.Queue()
-        for target in (self._read_stderr, self._read_stdout):
-            threading.Thread(target=target, daemon=True).start()
+        self._readers = [
+            threading.Thread(target=target, daemon=True)
+            for target in (self._read_stderr, self._read_stdout)
+        ]
+        for reader in self._readers:
+            reader.start()
 
     def _read_stdout(self) -> None:
         assert self._proc.stdout is not None
@@ -98,15 +104,23 @@ class ProcessDriver:
         return message + (f"\n--- driver stderr ---\n{tail}" if tail else "")
 
     def close(self) -> None:
-        """``quit``, then wait for the process (killed if it lingers)."""
-        if self._proc.poll() is None:
+        """``quit``, then wait for the process (killed if it lingers) and close its
+        pipes."""
+        proc = self._proc
+        if proc.poll() is None:
             with contextlib.suppress(DriverCrashed):
                 self.call({"cmd": "quit"})
             try:
-                self._proc.wait(5)
+                proc.wait(5)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+                proc.kill()
+                proc.wait()
+        for reader in self._readers:
+            reader.join(5)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 class InProcessDriver:
@@ -118,8 +132,8 @@ class InProcessDriver:
         self._session = make()
 
     def call(self, command: dict[str, Any]) -> dict[str, Any]:
-        """Hand the command to the session."""
-        response = self._session.handle(json.loads(json.dumps(command)))
+        """Hand the command to the session, as the driver process would."""
+        response, _ = answer(self._session, json.dumps(command))
         return json.loads(json.dumps(response))  # type: ignore[no-any-return]
 
     def close(self) -> None:
@@ -143,12 +157,14 @@ class SharedProcess:
         """A session on the shared process (a new process if the last one died)."""
         process = self._process
         if process is None or process._proc.poll() is not None:
+            if process is not None:
+                process.close()
             process = self._process = ProcessDriver(self.argv, self.timeout)
             self._used = False
         elif self._used:
-            answer = process.call({"cmd": "reset"})
-            if not answer.get("ok"):
-                raise DriverCrashed(f"reset answered {answer}")
+            response = process.call({"cmd": "reset"})
+            if not response.get("ok"):
+                raise DriverCrashed(f"reset answered {response}")
         self._used = True
         return _Session(process)
 
