@@ -43,6 +43,7 @@ PAGES = (
     "observability.md",
     "retries.md",
     "threads.md",
+    "ports.md",
 )
 NO_RUN = "<!-- no-run -->"
 PYTEST = "<!-- pytest -->"

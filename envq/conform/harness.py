@@ -48,6 +48,9 @@ class Harness:
         blocking calls a shorter guard).
     :param ignore: violations to record instead of raising (see :func:`matches`).
     :param coverage: where the checks and table rows exercised are counted.
+    :param features: the features to generate for (default: those ``hello`` declares).
+    :param known: where the violations set aside are kept, the first of each check
+        and row (shared across sessions by the runner).
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class Harness:
         ignore: Iterable[str] = (),
         coverage: Coverage | None = None,
         features: Iterable[str] | None = None,
+        known: list[Violation] | None = None,
     ) -> None:
         self.driver = driver
         self.ignore = frozenset(ignore)
@@ -67,7 +71,7 @@ class Harness:
             self.oracle.coverage = coverage
         self.guard = GUARD_REAL if real_clock else GUARD_VIRTUAL
         self.log: list[dict[str, Any]] = []
-        self.known: list[Violation] = []
+        self.known: list[Violation] = [] if known is None else known
         self.closed = False
         response = self._call({"cmd": "hello", "protocol": PROTOCOL, **(hello or {})})
         answer = response.get("result") or {}
@@ -112,7 +116,8 @@ class Harness:
         except Violation as exc:
             if not matches(exc, self.ignore):
                 raise
-            self.known.append(exc)
+            if all((k.check, k.row) != (exc.check, exc.row) for k in self.known):
+                self.known.append(exc)
             if resync is not None:
                 self.oracle.resync(resync)
 

@@ -29,7 +29,7 @@ from hypothesis.stateful import (
 
 from envq._machine import EnvState, QueueState
 from envq.conform.harness import Harness
-from envq.conform.oracle import Coverage
+from envq.conform.oracle import Coverage, Violation
 from envq.conform.protocol import EnvSpec, Plan, QueueConfig, StopCall
 from envq.conform.strategies import Profile
 from envq.conform.transport import Driver
@@ -41,9 +41,11 @@ QS = QueueState
 
 @attrs.define
 class Recorder:
-    """The harness of the run under way (its command log is the run's script)."""
+    """The harness of the run under way (its command log is the run's script), and
+    the violations set aside (ignored or declared) in every run so far."""
 
     harness: Harness | None = None
+    known: list[Violation] = attrs.Factory(list)
 
 
 def make_machine(
@@ -81,6 +83,7 @@ def make_machine(
                 ignore=ignored,
                 coverage=coverage,
                 features=profile.features,
+                known=recorder.known,
             )
             recorder.harness = self.h
             self.made = 0
@@ -161,36 +164,41 @@ def make_machine(
             self.h.send([*names, names[0]] if repeat else names)
             return multiple(*names)
 
-        @precondition(lambda self: has("dedup"))
-        @rule(env=envelopes)
-        def resend(self, env: str) -> None:
-            """Send an envelope again: live here (dedup), terminal (a new stay), or live
-            in the other queue (refused)."""
-            self.h.send([env])
+        # Rules for optional features exist only when the port declared them (a
+        # precondition would be evaluated, and cost, at every step).
+        if has("dedup"):
 
-        @precondition(lambda self: has("send_wait"))
-        @rule(
-            target=envelopes,
-            specs=st.lists(profile.env_specs(), min_size=1, max_size=2),
-            timeout=profile.send_wait_timeouts(),
-        )
-        def send_wait(self, specs: list[EnvSpec], timeout: float) -> MultipleResults[str]:
-            """A producer waiting (at most ``timeout``) for room for its batch."""
-            names = [self._make(spec) for spec in specs]
-            self.h.send_wait(names, timeout)
-            return multiple(*names)
+            @rule(env=envelopes)
+            def resend(self, env: str) -> None:
+                """Send an envelope again: live here (dedup), terminal (a new stay), or
+                live in the other queue (refused)."""
+                self.h.send([env])
 
-        @precondition(lambda self: has("foreign"))
-        @rule(env=envelopes)
-        def lend(self, env: str) -> None:
-            """Send an envelope to the second queue."""
-            self.h.lend(env)
+        if has("send_wait"):
 
-        @precondition(lambda self: has("foreign") and bool(self.h.oracle.lent))
-        @rule()
-        def reclaim(self) -> None:
-            """Terminate the second queue."""
-            self.h.reclaim()
+            @rule(
+                target=envelopes,
+                specs=st.lists(profile.env_specs(), min_size=1, max_size=2),
+                timeout=profile.send_wait_timeouts(),
+            )
+            def send_wait(self, specs: list[EnvSpec], timeout: float) -> MultipleResults[str]:
+                """A producer waiting (at most ``timeout``) for room for its batch."""
+                names = [self._make(spec) for spec in specs]
+                self.h.send_wait(names, timeout)
+                return multiple(*names)
+
+        if has("foreign"):
+
+            @rule(env=envelopes)
+            def lend(self, env: str) -> None:
+                """Send an envelope to the second queue."""
+                self.h.lend(env)
+
+            @precondition(lambda self: bool(self.h.oracle.lent))
+            @rule()
+            def reclaim(self) -> None:
+                """Terminate the second queue."""
+                self.h.reclaim()
 
         @rule(env=envelopes, plan=profile.plans())
         def plan(self, env: str, plan: Plan) -> None:

@@ -31,7 +31,7 @@ from envq.conform.strategies import Profile
 from envq.conform.transport import Driver, DriverCrashed, InProcessDriver, SharedProcess
 from envq.model.invariants import INVARIANTS
 
-__all__ = ["Finding", "Options", "Result", "audit", "main", "report", "run"]
+__all__ = ["Finding", "Options", "Result", "audit", "main", "minimise", "report", "run"]
 
 
 @attrs.frozen
@@ -135,28 +135,81 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
         print_blob=False,
     )
     started = time.monotonic()
+    harness: Harness | None
     try:
         run_state_machine_as_test(machine, settings=config)
     except Violation as exc:
         harness = recorder.harness
         script = tuple(harness.log) if harness is not None else ()
-        result.findings.append(Finding(exc.check, exc.row, exc.message, script))
+        ignore = (*options.ignore, *declared_keys)
+        real_clock = profile.real_clock
+        finding = Finding(exc.check, exc.row, exc.message, script)
+        if options.shrink and script:
+            finding = minimise(connect, finding, options, real_clock=real_clock, ignore=ignore)
+        result.findings.append(finding)
     except (DriverCrashed, Flaky) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     result.seconds = time.monotonic() - started
     result.steps = result.coverage.steps
-    harness = recorder.harness
-    if harness is not None:
-        for known in harness.known:
-            divergence = next(
-                (d.get("name") for d in declared if _in(known, d.get("checks", []))), None
-            )
-            finding = Finding(
-                known.check, known.row, known.message, (), declared=True, divergence=divergence
-            )
-            if finding.key not in {f.key for f in result.findings}:
-                result.findings.append(finding)
+    for known in recorder.known:
+        divergence = next(
+            (d.get("name") for d in declared if _in(known, d.get("checks", []))), None
+        )
+        finding = Finding(
+            known.check, known.row, known.message, (), declared=True, divergence=divergence
+        )
+        if finding.key not in {f.key for f in result.findings}:
+            result.findings.append(finding)
     return result
+
+
+def minimise(
+    connect: Callable[[], Driver],
+    finding: Finding,
+    options: Options,
+    *,
+    real_clock: bool = False,
+    ignore: Iterable[str] = (),
+    passes: int = 3,
+) -> Finding:
+    """The finding with a shorter script: commands are deleted one at a time, last
+    first, as long as the script still replays to a violation of the same check and
+    row. Hypothesis shrinks the generated run; this pass removes what its shrinking
+    leaves behind (a repeated no-op call, a check between two steps), so that a
+    counterexample is no longer than it needs to be."""
+    ignored = tuple(ignore)
+
+    def violation(script: Sequence[dict[str, Any]]) -> Violation | None:
+        harness = Harness(
+            connect(),
+            hello={"time_scale": options.time_scale},
+            real_clock=real_clock,
+            ignore=ignored,
+        )
+        try:
+            replay(harness, script)
+        except Violation as exc:
+            return exc
+        except (DriverCrashed, KeyError, ValueError, TypeError):
+            return None  # a script that no longer makes sense (a definition deleted)
+        finally:
+            harness.close()
+        return None
+
+    script = list(finding.script)
+    message = finding.message
+    for _ in range(passes):
+        shorter = False
+        for i in range(len(script) - 1, 0, -1):  # the first command is hello
+            if i >= len(script):
+                continue
+            candidate = script[:i] + script[i + 1 :]
+            found = violation(candidate)
+            if found is not None and (found.check, found.row) == (finding.check, finding.row):
+                script, message, shorter = candidate, found.message, True
+        if not shorter:
+            break
+    return attrs.evolve(finding, script=tuple(script), message=message)
 
 
 def _in(violation: Violation, keys: Iterable[str]) -> bool:

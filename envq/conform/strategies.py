@@ -142,14 +142,16 @@ def _env_specs(
     shrinking moves towards plain envelopes."""
     rng = random.Random(20261124)
     plans = sorted(script_plans, key=lambda p: list(Plan).index(p))
-    pool: set[EnvSpec] = {EnvSpec()}
+    # A dict, not a set: its order (insertion) does not depend on string hashing, so
+    # --derandomize gives the same run in every process.
+    pool: dict[EnvSpec, None] = {EnvSpec(): None}
     for _ in range(POOL_SIZE * 4):
         policy = rng.choice(sorted(policies, key=lambda p: list(Policy).index(p)))
         is_periodic = periodic and rng.random() < 0.4
         attempts, base, cap = rng.choice(
             [(3, 1.0, 4.0), (-1, 0.5, 2.0), (1, 1.0, 8.0), (2, 4.0, 2.0), (4, 1.0, 8.0)]
         )
-        pool.add(
+        pool.setdefault(
             EnvSpec(
                 type=rng.choice(sorted(types)),
                 interval=rng.choice([10.0, 25.0]) if is_periodic else 0.0,
@@ -163,7 +165,8 @@ def _env_specs(
                 cap=cap if policy is Policy.RETRY else 4.0,
                 script=tuple(rng.choice(plans) for _ in range(rng.randrange(4))),
                 then=rng.choice(sorted(thens, key=lambda p: list(Plan).index(p))),
-            )
+            ),
+            None,
         )
         if len(pool) >= POOL_SIZE:
             break
