@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
 import hypothesis
+import pytest
 from hypothesis import HealthCheck, settings
 
 import envq._machine
@@ -26,3 +29,11 @@ settings.register_profile("dev", max_examples=40, **_common)
 settings.register_profile("ci", max_examples=60, derandomize=True, **_common)
 settings.register_profile("deep", max_examples=10_000, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(autouse=True)
+def _engine_log_left_enabled() -> Iterator[None]:
+    """A test that silences the ``envq`` logger must restore it: the tests of what
+    the engine logs would otherwise pass or fail by the order they run in."""
+    yield
+    assert not logging.getLogger("envq").disabled, "the envq logger was left disabled"

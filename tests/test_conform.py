@@ -172,6 +172,18 @@ class TestFaultyDrivers:
         assert main([*common, "--expect", str(wrong), "--", *faulty]) == 1
 
 
+class TestCommandLine:
+    def test_in_process_run_leaves_the_engine_log_as_it_was(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``main()`` silences the engine's log only while the in-process driver runs."""
+        log = logging.getLogger("envq")
+        log.disabled = False
+        assert main(["--examples", "2", "--steps", "5", "--derandomize"]) == 0
+        assert "PASS" in capsys.readouterr().out
+        assert log.disabled is False
+
+
 class TestDeclaredDivergences:
     def test_a_declared_divergence_is_reported_not_failed(self) -> None:
         """A port that declares a divergence in ``hello`` passes on it; everything
@@ -196,8 +208,13 @@ class TestDeclaredDivergences:
 @pytest.fixture(scope="module")
 def failed() -> Result:
     """One failed run, for the report tests."""
-    logging.getLogger("envq").disabled = True
-    return run(lambda: _in_process(FAULTY["periodic_after_stop"]), FAULTY_RUN)
+    log = logging.getLogger("envq")
+    was, log.disabled = log.disabled, True
+    try:
+        result = run(lambda: _in_process(FAULTY["periodic_after_stop"]), FAULTY_RUN)
+    finally:
+        log.disabled = was
+    return result
 
 
 class TestReports:

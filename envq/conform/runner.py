@@ -436,7 +436,9 @@ def main(argv: Sequence[str]) -> int:
         from envq.driver import Session  # noqa: PLC0415 - the in-process reference driver
 
         connect = lambda: InProcessDriver(Session)  # noqa: E731
-        logging.getLogger("envq").disabled = True  # the engine's log is not the report
+    engine_log = logging.getLogger("envq")
+    # The engine's own log lines (a planned on_failure crash, say) are not the report.
+    was_disabled, engine_log.disabled = engine_log.disabled, engine_log.disabled or not command
     options = Options(
         examples=args.examples,
         steps=args.steps,
@@ -453,6 +455,7 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"envq conform: {exc}\n")
         return 2
     finally:
+        engine_log.disabled = was_disabled
         if shared is not None:
             shared.shutdown()
     out = sys.stdout if args.out is None else args.out.open("w", encoding="utf-8")
