@@ -147,6 +147,14 @@ def infer_event(frm: envq.EnvState, to: envq.EnvState) -> EnvEvent | None:
     return None
 
 
+def _retry(spec: EnvSpec) -> envq.Retry | None:
+    """The ``envq.Retry`` of a :attr:`Policy.RETRY` spec (no jitter: the model predicts
+    each backoff exactly)."""
+    if spec.policy is not Policy.RETRY:
+        return None
+    return envq.Retry(attempts=spec.attempts, base=spec.base, cap=spec.cap, jitter=False)
+
+
 async def settle() -> None:
     """Let every ready callback run without moving the clock: pass control until the
     loop's ready queue (a private attribute of asyncio's base loop) is empty, and once
@@ -390,7 +398,7 @@ class QueueMachine(RuleBasedStateMachine):
             delay=spec.delay,
             schedule=envq.FIXED_RATE if spec.fixed_rate else envq.FIXED_DELAY,
             on_failure=self._on_failure if spec.policy.has_on_failure else None,
-            retry=spec.retry(),
+            retry=_retry(spec),
         )
         self.tracks[env] = Track(env, self.made, spec, deque(spec.script))
         return env
@@ -868,7 +876,7 @@ class QueueMachine(RuleBasedStateMachine):
             "machine",
             workers=config.workers,
             capacity=config.capacity,
-            stop_mode=config.stop_mode,
+            stop_mode=envq.StopMode(config.stop_mode),
             wait=config.wait,
         )
         self._unsubscribe = self._q.subscribe(self._on_event)
@@ -941,14 +949,16 @@ class QueueMachine(RuleBasedStateMachine):
         self._stop(call)
 
     def _stop(self, call: StopCall) -> None:
-        mode = self.config.stop_mode if call.mode is None else call.mode
+        # The protocol's StopCall and QueueConfig name the modes by value.
+        call_mode = None if call.mode is None else envq.StopMode(call.mode)
+        mode = envq.StopMode(self.config.stop_mode) if call_mode is None else call_mode
         wait = self.config.wait if call.wait is None else call.wait
         before = self.life
         if call.cancel and mode is DRAIN:
 
             async def invalid() -> None:
                 try:
-                    await self.q.stop(mode=call.mode, cancel=True, wait=call.wait)
+                    await self.q.stop(mode=call_mode, cancel=True, wait=call.wait)
                 except ValueError:
                     return
                 raise AssertionError("stop(cancel=True) with DRAIN did not raise ValueError")
@@ -964,7 +974,7 @@ class QueueMachine(RuleBasedStateMachine):
         async def go() -> None:
             self.calling = QueueCall.STOP
             try:
-                stopping = self.q.stop(mode=call.mode, cancel=call.cancel, wait=call.wait)
+                stopping = self.q.stop(mode=call_mode, cancel=call.cancel, wait=call.wait)
                 if wait and before in (QS.RUNNING, QS.STOPPING):
                     try:
                         report = await asyncio.wait_for(stopping, GUARD)
