@@ -7,8 +7,7 @@ to quiescence, and time only moves when a rule advances it.
 The envelopes are scripted: each attempt takes the next :class:`Plan` of its envelope's
 script (then the envelope's default, OK, SLOW, LONG or HANG) and returns, raises,
 sleeps, or hangs until released, cancelled or cut off by its deadline; rules append
-plans. The model is plain Python, written from the
-contract rather than from ``envq._machine``:
+plans. The model is plain Python:
 
 * every envelope ever admitted (by identity), its current state, its stays in the
   queue (a re-send after a terminal state starts a new one from NEW), its due time or
@@ -20,12 +19,16 @@ contract rather than from ``envq._machine``:
 
 A listener checks every event as it happens: each envelope's events are a path through
 ``ENVELOPE_MOVES`` from NEW, and each move is the one the model predicts (the outcome
-of the scripted attempt, the table row's target, the due time of a delay, a parked
-envelope's remaining delay). Invariants after every step compare the model with
-``capacity_used`` and ``statistics()``. Expected exceptions are the ones the model
-predicts, by exact type. Problems found inside the loop (in the listener, ``invoke`` or
-a hook, where raising would only be logged or turned into an outcome) are collected
-and raised when the step ends.
+of the scripted attempt, the state it leads to with its delay, ``on_failure`` call and
+cause, the due time of a delay, a parked envelope's remaining delay). Where an attempt
+leads is the package's one oracle (:func:`envq.conform.oracle.expected_outcome` and
+:func:`~envq.conform.oracle.expected_target`, which takes the state from the
+python-statemachine model, written from the contract rather than from
+``envq._machine``), the same one ``envq conform`` checks other ports with. Invariants
+after every step compare the model with ``capacity_used`` and ``statistics()``.
+Expected exceptions are the ones the model predicts, by exact type. Problems found
+inside the loop (in the listener, ``invoke`` or a hook, where raising would only be
+logged or turned into an outcome) are collected and raised when the step ends.
 """
 
 from __future__ import annotations
@@ -74,6 +77,16 @@ from strategies import (
 
 import envq
 from envq._machine import ENVELOPE_MOVES, LIFECYCLE, CancelCause, EnvEvent, QueueCall
+from envq.conform.oracle import (
+    ALLOWED_LIVE,
+    CALL_MOVES,
+    DRAINED_MOVE,
+    LIVE,
+    expected_outcome,
+    expected_target,
+    infer_event,
+)
+from envq.conform.protocol import CAUSES
 from envq.testing import VirtualTimeLoop
 
 T = TypeVar("T")
@@ -85,7 +98,6 @@ O = envq.Outcome  # noqa: E741 - short alias like ES/QS
 DRAIN = envq.StopMode.DRAIN
 STOP = envq.StopMode.STOP
 
-LIVE = (ES.BUFFERED, ES.READY, ES.DELAYED, ES.RUNNING, ES.PARKED)
 TERMINAL = (ES.SUCCEEDED, ES.FAILED, ES.STOPPED, ES.RETURNED)
 #: Virtual seconds a rule waits for a stop, wait_stopped or terminate before it
 #: concludes the call will never return (which the model must then explain: an attempt
@@ -94,6 +106,7 @@ TERMINAL = (ES.SUCCEEDED, ES.FAILED, ES.STOPPED, ES.RETURNED)
 GUARD = 100_000.0
 #: At most this many ``sleep(0)`` passes let ready callbacks run (see ``settle``).
 SETTLE_PASSES = 200
+#: Timing tolerance of the oracle's checks (the virtual clock is exact).
 EPS = 1e-9
 #: More attempts of one envelope at one instant than this is a livelock.
 LIVELOCK = 200
@@ -114,37 +127,20 @@ START_RESULT: dict[envq.QueueState, envq.QueueState | type[envq.EnvqError]] = {
     QS.STOPPED: QS.RUNNING,
     QS.TERMINATED: envq.QueueTerminated,
 }
-#: Queue moves each public call may cause; STOPPING → STOPPED (the stop drained) may
-#: happen at any time.
-CALL_MOVES: dict[QueueCall | None, frozenset[tuple[envq.QueueState, envq.QueueState]]] = {
-    None: frozenset(),
-    QueueCall.SEND: frozenset(),
-    QueueCall.START: frozenset({(QS.INIT, QS.RUNNING), (QS.STOPPED, QS.RUNNING)}),
-    QueueCall.STOP: frozenset({(QS.RUNNING, QS.STOPPING)}),
-    QueueCall.TERMINATE: frozenset(
-        {(QS.INIT, QS.TERMINATED), (QS.RUNNING, QS.STOPPING), (QS.STOPPED, QS.TERMINATED)}
-    ),
+#: The exception class of each of the protocol's cause names (the oracle names causes
+#: as the driver protocol does; envq raises and reports these classes).
+CAUSE_CLASSES: dict[str, type[BaseException]] = {
+    CAUSES[cls.__name__]: cls
+    for cls in (
+        RuntimeError,
+        TimeoutError,
+        asyncio.CancelledError,
+        envq.StopEnvelope,
+        envq.StopType,
+        envq.DoNotRetry,
+        envq.MaxRetriesExceeded,
+    )
 }
-DRAINED_MOVE = (QS.STOPPING, QS.STOPPED)
-
-
-def infer_event(frm: envq.EnvState, to: envq.EnvState) -> EnvEvent | None:
-    """The queue-side event behind an envelope move that carries no outcome."""
-    if frm is ES.NEW:
-        return EnvEvent.SEND
-    if to is ES.STOPPED:
-        return EnvEvent.BLACKLIST
-    if frm in (ES.BUFFERED, ES.PARKED) and to in (ES.READY, ES.DELAYED):
-        return EnvEvent.START
-    if (frm, to) == (ES.DELAYED, ES.READY):
-        return EnvEvent.DUE
-    if (frm, to) == (ES.READY, ES.RUNNING):
-        return EnvEvent.DISPATCH
-    if frm in (ES.READY, ES.DELAYED) and to is ES.PARKED:
-        return EnvEvent.STOP
-    if frm in (ES.BUFFERED, ES.PARKED) and to is ES.RETURNED:
-        return EnvEvent.TERMINATE
-    return None
 
 
 def _retry(spec: EnvSpec) -> envq.Retry | None:
@@ -166,20 +162,6 @@ async def settle() -> None:
         idle = idle + 1 if not ready else 0
         if idle == 2:
             return
-
-
-@attrs.frozen
-class Expected:
-    """Where an attempt's outcome leads, as the model predicts it."""
-
-    to: envq.EnvState
-    #: Seconds still to wait (DELAYED, PARKED).
-    delay: float = 0.0
-    #: The on_failure call expected: (type of the exception it sees, attempt number).
-    hook: tuple[type[BaseException], int] | None = None
-    #: The type of the event's ``cause`` (None: no cause).
-    cause: type[BaseException] | None = None
-    check_cause: bool = True
 
 
 class Violation(AssertionError):
@@ -674,56 +656,49 @@ class QueueMachine(RuleBasedStateMachine):
         elif to is ES.PARKED:
             t.remaining = max(0.0, delay)
 
-    def _expected_outcome(self, t: Track, att: Attempt) -> envq.Outcome:
-        if att.cancelled_at is not None:
-            if att.cancel_cause is not None:
-                return O.CANCELLED
-            deadline = t.spec.deadline
-            nobody = f"attempt started at {att.start:g} cancelled at {att.cancelled_at:g} by nobody"
-            assert deadline > 0, nobody
-            assert att.cancelled_at >= att.start + deadline - EPS, nobody
-            return O.TIMEOUT
-        assert att.final is not None, "attempt ended before its plan was carried out"
-        if att.final is Plan.STOP_TYPE:
-            return O.STOP_TYPE if t.env.type else O.STOP
-        return {
-            Plan.OK: O.OK,
-            Plan.ERROR: O.ERROR,
-            Plan.STOP: O.STOP,
-            Plan.NO_RETRY: O.NO_RETRY,
-        }[att.final]
-
-    def _next_run(self, t: Track, now: float) -> float:
-        interval = t.spec.interval
-        if not t.spec.fixed_rate:
-            return interval
-        slots = math.floor((now - t.sched) / interval) + 1
-        return t.sched + slots * interval - now
-
     def _outcome_event(self, ev: envq.Event, t: Track, outcome: envq.Outcome) -> None:
         assert ev.from_state is ES.RUNNING
         att = t.attempt
         assert att is not None, "an attempt ended that never reached invoke"
-        want = self._expected_outcome(t, att)
+        spec = t.spec
+        want = expected_outcome(
+            spec,
+            att.final,
+            started=att.start,
+            cancelled_at=att.cancelled_at,
+            cancel_cause=att.cancel_cause,
+            tolerance=EPS,
+        )
         assert outcome is want, f"attempt ({att}) ended {outcome.name}, expected {want.name}"
         self.outcomes[outcome] += 1
         if self.run is not None:
             (self.run.cancelled if outcome is O.CANCELLED else self.run.completed).append(t.env)
-        want_next = self._expected_target(t, att, outcome, ev)
+        want_next, t.failures = expected_target(
+            spec,
+            outcome,
+            blacklisted=bool(spec.type) and spec.type in self.blacklist,
+            queue=self.life,
+            cancel_cause=att.cancel_cause,
+            attempts=t.attempts,
+            failures=t.failures,
+            sched=t.sched,
+            now=ev.time,
+        )
         to = want_next.to
         assert ev.to_state is to, f"{outcome.name} led to {ev.to_state.name}, expected {to.name}"
         if want_next.check_cause:
-            cause = want_next.cause
-            if cause is None:
+            if want_next.cause is None:
                 assert ev.cause is None, f"{outcome.name} event with cause {ev.cause!r}"
             else:
+                cause = CAUSE_CLASSES[want_next.cause]
                 assert isinstance(ev.cause, cause), f"cause {ev.cause!r}, not {cause.__name__}"
         calls = self.failure_calls
         self.failure_calls = []
         if want_next.hook is None:
             assert not calls, f"on_failure called: {calls}"
         else:
-            exc_type, number = want_next.hook
+            error, number = want_next.hook
+            exc_type = CAUSE_CLASSES[error]
             assert len(calls) == 1, f"on_failure calls: {calls}, expected one"
             env, exc, attempt = calls[0]
             assert env is t.env, f"on_failure called for {env!r}"
@@ -746,61 +721,6 @@ class QueueMachine(RuleBasedStateMachine):
             assert timed_out or lent or banned or o.state_errors, (
                 f"{w.label} overtook {o.label}, still waiting"
             )
-
-    def _expected_target(
-        self, t: Track, att: Attempt, outcome: envq.Outcome, ev: envq.Event
-    ) -> Expected:
-        """The outcome table, written from the contract."""
-        spec = t.spec
-        if spec.type and spec.type in self.blacklist:
-            return Expected(ES.STOPPED, check_cause=False)
-        if outcome is O.CANCELLED:
-            to = ES.PARKED if att.cancel_cause is CancelCause.STOP else ES.RETURNED
-            return Expected(to, cause=asyncio.CancelledError)
-        if outcome is O.STOP:
-            return Expected(ES.STOPPED, cause=envq.StopEnvelope)
-        if outcome is O.STOP_TYPE:
-            return Expected(ES.STOPPED, cause=envq.StopType)
-        if outcome is O.NO_RETRY:
-            number = t.failures + 1 if spec.periodic else t.attempts
-            report = (envq.DoNotRetry, number) if spec.policy.has_on_failure else None
-            return Expected(ES.FAILED, hook=report, cause=envq.DoNotRetry)
-        hook: tuple[type[BaseException], int] | None = None
-        cause: type[BaseException] | None = None
-        to, delay = ES.FAILED, 0.0
-        if outcome is O.OK:
-            if not spec.periodic:
-                return Expected(ES.SUCCEEDED)
-            t.failures = 0
-            to, delay = ES.DELAYED, self._next_run(t, ev.time)
-        else:
-            cause = RuntimeError if outcome is O.ERROR else TimeoutError
-            if spec.periodic:
-                t.failures += 1
-                if spec.policy.has_on_failure:
-                    hook = (cause, t.failures)
-                    to, delay = self._decision(spec)
-                else:
-                    to, delay = ES.DELAYED, self._next_run(t, ev.time)
-            elif spec.policy.has_on_failure:
-                hook = (cause, t.attempts)
-                to, delay = self._decision(spec)
-            elif spec.policy is Policy.RETRY:
-                if spec.attempts == -1 or t.attempts < spec.attempts:
-                    to, delay = ES.DELAYED, min(spec.cap, spec.base * 2.0 ** (t.attempts - 1))
-                else:
-                    cause = envq.MaxRetriesExceeded
-        if to in (ES.READY, ES.DELAYED) and self.life is not QS.RUNNING:
-            to = ES.PARKED
-        return Expected(to, delay, hook, cause)
-
-    @staticmethod
-    def _decision(spec: EnvSpec) -> tuple[envq.EnvState, float]:
-        if spec.policy is Policy.RETRY_NOW:
-            return ES.READY, 0.0
-        if spec.policy is Policy.RETRY_AFTER:
-            return ES.DELAYED, spec.retry_after
-        return ES.FAILED, 0.0
 
     def _note_room(self) -> None:
         """After a slot is freed: the first waiting producer must get it."""
@@ -1307,13 +1227,7 @@ class QueueMachine(RuleBasedStateMachine):
     def states_fit_the_lifecycle(self) -> None:
         """Which envelope states each lifecycle state allows; workers never idle while
         envelopes are READY; a stop with nothing in flight has ended."""
-        allowed = {
-            QS.INIT: {ES.BUFFERED},
-            QS.RUNNING: {ES.READY, ES.DELAYED, ES.RUNNING},
-            QS.STOPPING: {ES.READY, ES.RUNNING, ES.PARKED},
-            QS.STOPPED: {ES.PARKED},
-            QS.TERMINATED: set(),
-        }[self.life]
+        allowed = ALLOWED_LIVE[self.life]
         stray = [(t.env, t.state.name) for t in self._live() if t.state not in allowed]
         assert not stray, f"{self.life.name} queue holds {stray}"
         ready, running = len(self._in(ES.READY)), len(self._in(ES.RUNNING))
@@ -1465,3 +1379,8 @@ def test_infer_event_covers_every_queue_side_move() -> None:
         if isinstance(event, EnvEvent):
             for to in targets:
                 assert infer_event(frm, to) is event, (frm, event, to)
+
+
+def test_every_cause_has_a_class() -> None:
+    """The listener knows the exception class of every cause the oracle can name."""
+    assert set(CAUSE_CLASSES) == set(CAUSES.values())
