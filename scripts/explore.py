@@ -18,7 +18,9 @@ checks every move against ``ENVELOPE_MOVES`` and against the python-statemachine
 models. What the explorer decides on its own, from the contract, is which queue-side
 event applies to which envelope and how capacity is accounted (by action, not by
 target), so a table row that contradicts its action or the contract shows up as a
-violation.
+violation. The live states and the ones each lifecycle state may hold (invariant I6)
+are the oracle's (``envq.conform.oracle``: ``LIVE``, ``ALLOWED_LIVE``), the stop modes
+envq's own.
 
 Usage::
 
@@ -31,7 +33,6 @@ shortest trace to it), and exits non-zero if there is one.
 from __future__ import annotations
 
 import argparse
-import enum
 import itertools
 import sys
 from collections import deque
@@ -57,7 +58,9 @@ from envq._machine import (
     OutcomeRow,
     QueueCall,
     QueueState,
+    StopMode,
 )
+from envq.conform.oracle import ALLOWED_LIVE, LIVE
 from models.lifecycle import REJECTED
 from models.tables import envelope_moves, lifecycle_moves
 
@@ -66,7 +69,6 @@ __all__ = [
     "UNREACHABLE",
     "Config",
     "Report",
-    "StopMode",
     "Tables",
     "Violation",
     "explore",
@@ -75,23 +77,7 @@ __all__ = [
 ]
 
 _E = EnvState
-LIVE: Final = frozenset({_E.BUFFERED, _E.READY, _E.DELAYED, _E.RUNNING, _E.PARKED})
 ENDED: Final = frozenset({_E.SUCCEEDED, _E.FAILED, _E.STOPPED})
-#: What each lifecycle state may hold (invariant I6); READY while STOPPING only under DRAIN.
-ALLOWED_LIVE: Final[Mapping[QueueState, frozenset[EnvState]]] = {
-    QueueState.INIT: frozenset({_E.BUFFERED}),
-    QueueState.RUNNING: frozenset({_E.READY, _E.DELAYED, _E.RUNNING}),
-    QueueState.STOPPING: frozenset({_E.READY, _E.RUNNING, _E.PARKED}),
-    QueueState.STOPPED: frozenset({_E.PARKED}),
-    QueueState.TERMINATED: frozenset(),
-}
-
-
-class StopMode(enum.Enum):
-    """The abstract stop mode (contract §3)."""
-
-    DRAIN = "drain"
-    STOP = "stop"
 
 
 @attrs.frozen
@@ -536,7 +522,12 @@ def check(world: World, config: Config) -> list[tuple[str, str]]:
         if e.stopped and e.state is not EnvState.STOPPED:
             problems.append(("I4", f"{name}: stopped but {e.state.name}"))
         type_ = config.types[i]
-        if type_ and type_ in world.blacklist and e.state in LIVE - {EnvState.RUNNING}:
+        if (
+            type_
+            and type_ in world.blacklist
+            and e.state in LIVE
+            and e.state is not EnvState.RUNNING
+        ):
             problems.append(("I4", f"{name}: blacklisted type still {e.state.name}"))
         if e.state in LIVE and world.queue is QueueState.TERMINATED:
             problems.append(

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from support import settle
 
 import envq
+from envq.conform.oracle import LIVE
 from envq.testing import run
 
 S = envq.EnvState
-LIVE = frozenset({S.BUFFERED, S.READY, S.DELAYED, S.RUNNING, S.PARKED})
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.RETURNED})
 
 

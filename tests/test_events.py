@@ -12,11 +12,11 @@ import pytest
 from support import settle
 
 import envq
+from envq.conform.oracle import LIVE
 
 S = envq.EnvState
 Q = envq.QueueState
 OC = envq.Outcome
-LIVE = frozenset({S.BUFFERED, S.READY, S.DELAYED, S.RUNNING, S.PARKED})
 
 
 def now() -> float:
