@@ -470,14 +470,15 @@ class Queue:
         if waiting is None:
             return self._hand_over()
         closing = self._closing = self._bound_loop().create_task(
-            self._terminating(waiting), name=f"envq:{self.name}:terminate"
+            self._terminating(waiting, row), name=f"envq:{self.name}:terminate"
         )
         _TASKS.add(closing)
         closing.add_done_callback(_TASKS.discard)
         return await asyncio.shield(closing)
 
-    async def _terminating(self, waiting: asyncio.Future[None]) -> list[Envelope]:
-        """The rest of a termination that had a stop to wait for."""
+    async def _terminating(self, waiting: asyncio.Future[None], row: LifeRow) -> list[Envelope]:
+        """The rest of a termination that had a stop to wait for (``row``: the composite
+        row it began with, whose target is where it must end)."""
         next_: asyncio.Future[None] | None = waiting
         while next_ is not None:
             await next_
@@ -488,6 +489,7 @@ class Queue:
                 mode=StopMode.STOP,
                 cause=CancelCause.TERMINATE,
             )
+        _check_arrives(row, self._state)
         return self._hand_over()
 
     def _hand_over(self) -> list[Envelope]:
@@ -1599,6 +1601,13 @@ def _check_stays(row: LifeRow, state: QueueState) -> None:
     """Under STRICT: a row whose action keeps the state must name it as its target."""
     if _machine.STRICT and row.action in _STAYS:
         assert row.target is state, f"{row} must leave the state unchanged"
+
+
+def _check_arrives(row: LifeRow, state: QueueState) -> None:
+    """Under STRICT: a composite row (a stop, then a terminate) must end in its target,
+    though the rows it runs through are the ones that move the state."""
+    if _machine.STRICT:
+        assert row.target is state, f"{row} ended in {state.name}"
 
 
 def _release(futures: Iterable[asyncio.Future[None]]) -> None:

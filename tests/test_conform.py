@@ -174,14 +174,16 @@ class TestFaultyDrivers:
 
 class TestCommandLine:
     def test_in_process_run_leaves_the_engine_log_as_it_was(
-        self, capsys: pytest.CaptureFixture[str]
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     ) -> None:
         """``main()`` silences the engine's log only while the in-process driver runs."""
         log = logging.getLogger("envq")
         log.disabled = False
+        monkeypatch.chdir(tmp_path)
         assert main(["--examples", "2", "--steps", "5", "--derandomize"]) == 0
         assert "PASS" in capsys.readouterr().out
         assert log.disabled is False
+        assert list(tmp_path.iterdir()) == []  # no counterexample, no directory for them
 
 
 class TestDeclaredDivergences:

@@ -51,6 +51,9 @@ class Harness:
     :param features: the features to generate for (default: those ``hello`` declares).
     :param known: where the violations set aside are kept, the first of each check
         and row (shared across sessions by the runner).
+    :param on_violation: called with each violation raised and the script that led to
+        it, as it is raised (a real-clock port may not fail the same way again when the
+        script is replayed).
     """
 
     def __init__(
@@ -63,8 +66,10 @@ class Harness:
         coverage: Coverage | None = None,
         features: Iterable[str] | None = None,
         known: list[Violation] | None = None,
+        on_violation: Callable[[Violation, tuple[dict[str, Any], ...]], None] | None = None,
     ) -> None:
         self.driver = driver
+        self.on_violation = on_violation
         self.ignore = frozenset(ignore)
         self.oracle = Oracle(0.25 if real_clock else 1e-6)
         if coverage is not None:
@@ -115,6 +120,8 @@ class Harness:
             check()
         except Violation as exc:
             if not matches(exc, self.ignore):
+                if self.on_violation is not None:
+                    self.on_violation(exc, tuple(self.log))
                 raise
             if all((k.check, k.row) != (exc.check, exc.row) for k in self.known):
                 self.known.append(exc)

@@ -46,6 +46,13 @@ class Recorder:
 
     harness: Harness | None = None
     known: list[Violation] = attrs.Factory(list)
+    #: The first violation raised in this run, with the script that led to it.
+    first: tuple[Violation, tuple[dict[str, Any], ...]] | None = None
+
+    def raised(self, violation: Violation, script: tuple[dict[str, Any], ...]) -> None:
+        """Keep the run's first violation (see :attr:`first`)."""
+        if self.first is None:
+            self.first = (violation, script)
 
 
 def make_machine(
@@ -84,6 +91,7 @@ def make_machine(
                 coverage=coverage,
                 features=profile.features,
                 known=recorder.known,
+                on_violation=recorder.raised,
             )
             recorder.harness = self.h
             self.made = 0

@@ -63,6 +63,9 @@ class Finding:
     declared: bool = False
     #: The name of the declared divergence it belongs to.
     divergence: str | None = None
+    #: The generated run failed once but not when Hypothesis replayed it (the port's
+    #: timing varies): the script is the one that failed first.
+    flaky: bool = False
 
     @property
     def key(self) -> str:
@@ -121,7 +124,11 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
         coverage=result.coverage,
     )
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
-    if options.shrink:
+    real_clock = profile.real_clock
+    # On the real clock Hypothesis's shrinking replays hundreds of variants that need not
+    # fail the same way twice (minutes each, then a Flaky error); minimise() alone, which
+    # tolerates a variant that does not reproduce, shortens the counterexample there.
+    if options.shrink and not real_clock:
         phases.append(Phase.shrink)
     config = settings(
         max_examples=options.examples,
@@ -141,14 +148,26 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
     except Violation as exc:
         harness = recorder.harness
         script = tuple(harness.log) if harness is not None else ()
-        ignore = (*options.ignore, *declared_keys)
-        real_clock = profile.real_clock
-        finding = Finding(exc.check, exc.row, exc.message, script)
-        if options.shrink and script:
+        finding: Finding | None = Finding(exc.check, exc.row, exc.message, script)
+    except Flaky as exc:
+        # The run failed once and not the same way when Hypothesis replayed it (a port
+        # whose timing varies): report the violation as it was first seen.
+        finding = None
+        if recorder.first is None:
+            result.error = f"{type(exc).__name__}: {exc}"
+        else:
+            first, script = recorder.first
+            finding = Finding(first.check, first.row, first.message, script, flaky=True)
+    except DriverCrashed as exc:
+        finding = None
+        result.error = f"{type(exc).__name__}: {exc}"
+    else:
+        finding = None
+    if finding is not None:
+        if options.shrink and finding.script:
+            ignore = (*options.ignore, *declared_keys)
             finding = minimise(connect, finding, options, real_clock=real_clock, ignore=ignore)
         result.findings.append(finding)
-    except (DriverCrashed, Flaky) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
     result.seconds = time.monotonic() - started
     result.steps = result.coverage.steps
     for known in recorder.known:
@@ -172,9 +191,9 @@ def minimise(
     ignore: Iterable[str] = (),
     passes: int = 3,
 ) -> Finding:
-    """The finding with a shorter script: commands are deleted one at a time, last
-    first, as long as the script still replays to a violation of the same check and
-    row. Hypothesis shrinks the generated run; this pass removes what its shrinking
+    """The finding with a shorter script: runs of commands, then single commands, are
+    deleted, last first, as long as the script still replays to a violation of the same
+    check and row. Hypothesis shrinks the generated run; this pass removes what its shrinking
     leaves behind (a repeated no-op call, a check between two steps), so that a
     counterexample is no longer than it needs to be."""
     ignored = tuple(ignore)
@@ -190,8 +209,8 @@ def minimise(
             replay(harness, script)
         except Violation as exc:
             return exc
-        except (DriverCrashed, KeyError, ValueError, TypeError):
-            return None  # a script that no longer makes sense (a definition deleted)
+        except (DriverCrashed, KeyError, ValueError, TypeError, AssertionError):
+            return None  # no longer makes sense (a definition, an attempt deleted)
         finally:
             harness.close()
         return None
@@ -200,13 +219,21 @@ def minimise(
     message = finding.message
     for _ in range(passes):
         shorter = False
-        for i in range(len(script) - 1, 0, -1):  # the first command is hello
-            if i >= len(script):
-                continue
-            candidate = script[:i] + script[i + 1 :]
-            found = violation(candidate)
-            if found is not None and (found.check, found.row) == (finding.check, finding.row):
-                script, message, shorter = candidate, found.message, True
+        # Runs of commands first (halves, quarters, ... down to one), last first: a long
+        # real-clock script loses most of its length in a few replays.
+        size = max(1, (len(script) - 1) // 2)
+        while True:
+            end = len(script)
+            while end > 1:  # the first command is hello
+                start = max(1, end - size)
+                candidate = script[:start] + script[end:]
+                found = violation(candidate)
+                if found is not None and (found.check, found.row) == (finding.check, finding.row):
+                    script, message, shorter = candidate, found.message, True
+                end = start
+            if size == 1:
+                break
+            size = max(1, size // 2)
         if not shorter:
             break
     return attrs.evolve(finding, script=tuple(script), message=message)
@@ -357,11 +384,11 @@ def report(result: Result, out: TextIO, *, markdown: bool = False) -> None:
 
 def save_scripts(result: Result, directory: Path) -> list[Path]:
     """Write each finding's counterexample as a JSON-lines script; their paths."""
-    directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, finding in enumerate(result.findings, 1):
         if not finding.script:
             continue
+        directory.mkdir(parents=True, exist_ok=True)
         name = finding.key.replace(" ", "_").replace("[", "-").replace("]", "").replace(",", "-")
         path = directory / f"{i:02}-{name}.jsonl"
         path.write_text("".join(json.dumps(c) + "\n" for c in finding.script))
