@@ -17,7 +17,17 @@ import pytest
 
 from envq.conform.harness import Harness, replay
 from envq.conform.oracle import Violation
-from envq.conform.runner import Options, Result, audit, main, report, run, save_scripts
+from envq.conform.runner import (
+    Options,
+    Result,
+    audit,
+    check_expected,
+    load_classification,
+    main,
+    report,
+    run,
+    save_scripts,
+)
 from envq.conform.transport import DriverCrashed, InProcessDriver, ProcessDriver, SharedProcess
 from envq.driver import Session
 
@@ -172,6 +182,41 @@ class TestFaultyDrivers:
         assert main([*common, "--expect", str(wrong), "--", *faulty]) == 1
 
 
+class _OnceOnly(DoubleCount):
+    """Double-counts the first re-send of the whole run only: a port whose fault does
+    not show again when the same commands are replayed (as timing does on a real
+    clock)."""
+
+    left = 1
+
+    def cmd_send(self, command: dict[str, Any]) -> None:
+        before = self.phantom
+        super().cmd_send(command)
+        if self.phantom > before:
+            if _OnceOnly.left > 0:
+                _OnceOnly.left -= 1
+            else:
+                self.phantom = before
+
+
+class TestUnreliablePorts:
+    def test_a_failure_that_does_not_replay_is_reported_as_first_seen(self) -> None:
+        """Hypothesis's replay of the failing run passes (a Flaky error): the finding
+        is the violation as first raised, with the script that led to it."""
+        _OnceOnly.left = 1
+        result = run(lambda: _in_process(_OnceOnly), attrs.evolve(FAULTY_RUN, examples=120))
+        assert result.error is None
+        [finding] = result.findings
+        assert finding.key == "I1"
+        assert finding.flaky
+        _OnceOnly.left = 1  # the same commands, with the fault armed again
+        harness = Harness(_in_process(_OnceOnly))
+        with pytest.raises(Violation) as caught:
+            replay(harness, finding.script)
+        harness.close()
+        assert caught.value.check == "I1"
+
+
 class TestCommandLine:
     def test_in_process_run_leaves_the_engine_log_as_it_was(
         self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -239,6 +284,68 @@ class TestReports:
         assert "| `OUTCOMES[PERIODIC,OK]` |" in text
         assert "### 1. violation: I7 OUTCOMES[PERIODIC,OK]" in text
         assert "```jsonl" in text
+
+
+class TestClassification:
+    """A port's audit notes: each finding's kind in the report, and ``--expect``
+    against the classified findings."""
+
+    def _write(self, path: Path, findings: dict[str, dict[str, Any]]) -> Path:
+        path.write_text(
+            json.dumps(
+                {
+                    "title": "A faulty port",
+                    "intro": "What this audit is.",
+                    "command": "envq conform --audit -- port",
+                    "findings": findings,
+                }
+            )
+        )
+        return path
+
+    def test_markdown_report_names_each_kind(self, failed: Result, tmp_path: Path) -> None:
+        key = failed.findings[0].key
+        notes = self._write(
+            tmp_path / "notes.json",
+            {
+                key: {"kind": "defect", "summary": "reschedules after StopEnvelope", "see": "X"},
+                "I2": {"kind": "design", "summary": "never seen", "sometimes": True},
+            },
+        )
+        out = io.StringIO()
+        report(failed, out, markdown=True, classification=load_classification(notes))
+        text = out.getvalue()
+        assert text.startswith("# A faulty port\n\nWhat this audit is.\n")
+        assert "envq conform --audit -- port" in text
+        assert f"| 1 | `{key}` | defect of the port | reschedules after StopEnvelope | X |" in text
+        assert "**Defect of the port.** reschedules after StopEnvelope See X." in text
+        assert "not found by this run (timing-dependent on the real clock): `I2`" in text
+
+    def test_an_unclassified_finding_says_so(self, failed: Result, tmp_path: Path) -> None:
+        notes = self._write(tmp_path / "notes.json", {})
+        out = io.StringIO()
+        report(failed, out, markdown=True, classification=load_classification(notes))
+        assert "| **unclassified** |" in out.getvalue()
+        assert "**Unclassified.**" in out.getvalue()
+
+    def test_expect_against_the_classified_findings(self, failed: Result, tmp_path: Path) -> None:
+        key = failed.findings[0].key
+        defect = {"kind": "defect", "summary": "s"}
+        exact = self._write(tmp_path / "a.json", {key: defect})
+        assert check_expected(failed, exact) is None
+        maybe = self._write(tmp_path / "b.json", {key: defect, "I2": {**defect, "sometimes": True}})
+        assert check_expected(failed, maybe) is None
+        missing = self._write(tmp_path / "c.json", {key: defect, "I2": defect})
+        assert check_expected(failed, missing) == (
+            f"findings differ from {missing}:\n  new: []\n  gone: ['I2']"
+        )
+        empty = self._write(tmp_path / "d.json", {})
+        assert "new: ['" + key + "']" in str(check_expected(failed, empty))
+
+    def test_a_kind_outside_the_list_is_refused(self, tmp_path: Path) -> None:
+        bad = self._write(tmp_path / "bad.json", {"I1": {"kind": "bug", "summary": "s"}})
+        with pytest.raises(ValueError, match="kind must be one of"):
+            load_classification(bad)
 
 
 class TestDriverErrors:

@@ -33,9 +33,11 @@ GUARD_REAL: Final = 60.0
 
 
 def matches(violation: Violation, keys: Iterable[str]) -> bool:
-    """Whether ``violation`` is one of ``keys``: a check (``I6``), or a check and a
-    table row (``I6 OUTCOMES[PERIODIC,OK]``)."""
-    own = {violation.check, f"{violation.check} {violation.row}" if violation.row else ""}
+    """Whether ``violation`` is one of ``keys``: a check (``I6``: any violation of it),
+    a check and a table row (``I6 OUTCOMES[PERIODIC,OK]``), or either with a leading
+    ``=`` for exactly that key (``=I6``: a violation of I6 that names no row)."""
+    row = f"{violation.check} {violation.row}" if violation.row else ""
+    own = {violation.check, row, f"={row or violation.check}"}
     return any(key in own for key in keys)
 
 

@@ -498,6 +498,8 @@ class Oracle:
                 self.admissions += 1
                 t.seq = self.admissions
             t.state = to
+            if to is ES.DELAYED:
+                t.due = math.inf  # when the port will run it again is its own business
             self.admitting.discard(t.name)
             if to is not ES.RUNNING:
                 t.attempt = None
@@ -604,11 +606,11 @@ class Oracle:
         elif event is EnvEvent.DUE:
             _check(self.life is QS.RUNNING, "I6", f"{name}: due while {self.life.name}")
             _check(
-                abs(now - t.due) <= self.tolerance,
+                math.isinf(t.due) or abs(now - t.due) <= self.tolerance,
                 "I7",
                 f"{name}: due at {t.due:g}, became ready at {now:g}",
             )
-            t.sched = t.due
+            t.sched = now if math.isinf(t.due) else t.due
         elif event is EnvEvent.DISPATCH:
             _check(
                 self.life in (QS.RUNNING, QS.STOPPING),
@@ -632,7 +634,7 @@ class Oracle:
             if frm is ES.READY:
                 _check(self.run.mode is StopMode.STOP, "I6", f"{name}: a DRAIN stop parked it")
                 t.remaining = 0.0
-            else:
+            else:  # inf: a due time the oracle took from the port (see resync)
                 t.remaining = max(0.0, t.due - now)
         elif event is EnvEvent.TERMINATE:
             _check(self.life is QS.TERMINATED, "I5", f"{name}: handed back while {self.life.name}")

@@ -14,9 +14,9 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import attrs
 from hypothesis import HealthCheck, Phase, settings
@@ -31,7 +31,21 @@ from envq.conform.strategies import Profile
 from envq.conform.transport import Driver, DriverCrashed, InProcessDriver, SharedProcess
 from envq.model.invariants import INVARIANTS
 
-__all__ = ["Finding", "Options", "Result", "audit", "main", "minimise", "report", "run"]
+__all__ = [
+    "KINDS",
+    "Classification",
+    "Finding",
+    "Note",
+    "Options",
+    "Result",
+    "audit",
+    "check_expected",
+    "load_classification",
+    "main",
+    "minimise",
+    "report",
+    "run",
+]
 
 
 @attrs.frozen
@@ -88,6 +102,65 @@ class Result:
     def passed(self) -> bool:
         """No violation but declared divergences, and the driver worked."""
         return self.error is None and all(f.declared for f in self.findings)
+
+
+#: The kinds a finding can be classified as (see :class:`Classification`).
+KINDS: Final[Mapping[str, str]] = {
+    "defect": "defect of the port",
+    "design": "deliberate design difference",
+}
+
+
+@attrs.frozen
+class Note:
+    """What a port's auditors say about one finding."""
+
+    #: ``defect`` (the port loses, miscounts or breaks something the model keeps) or
+    #: ``design`` (the port does it differently on purpose).
+    kind: str
+    #: One line: how the port behaves, against the model.
+    summary: str
+    #: Where the difference is discussed (a link or a document section).
+    see: str = ""
+    #: Timing-dependent on a real clock: an audit may or may not find it.
+    sometimes: bool = False
+
+
+@attrs.frozen
+class Classification:
+    """A port's audit notes: a title and introduction for the Markdown report, the
+    command that reproduces it, and a :class:`Note` per finding key. Read from JSON by
+    :func:`load_classification`; ``--expect`` with a JSON file checks the audit finds
+    exactly the classified findings (those marked ``sometimes`` may be missing)."""
+
+    title: str = ""
+    intro: str = ""
+    command: str = ""
+    notes: dict[str, Note] = attrs.Factory(dict)
+
+    @property
+    def required(self) -> set[str]:
+        """The finding keys every audit must find."""
+        return {key for key, note in self.notes.items() if not note.sometimes}
+
+
+def load_classification(path: Path) -> Classification:
+    """Read a classification file (JSON: ``title``, ``intro``, ``command`` and
+    ``findings``, an object of finding key → ``{kind, summary, see, sometimes}``)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    notes = {}
+    for key, entry in data.get("findings", {}).items():
+        if entry.get("kind") not in KINDS:
+            raise ValueError(f"{path}: finding {key!r}: kind must be one of {sorted(KINDS)}")
+        notes[key] = Note(
+            entry["kind"],
+            str(entry.get("summary", "")),
+            str(entry.get("see", "")),
+            bool(entry.get("sometimes", False)),
+        )
+    return Classification(
+        str(data.get("title", "")), str(data.get("intro", "")), str(data.get("command", "")), notes
+    )
 
 
 def hello(connect: Callable[[], Driver], options: Options) -> dict[str, Any]:
@@ -247,7 +320,7 @@ def _in(violation: Violation, keys: Iterable[str]) -> bool:
 def audit(
     connect: Callable[[], Driver],
     options: Options = Options(),
-    rounds: int = 12,
+    rounds: int = 25,
 ) -> Result:
     """Find every distinct divergence: run, set the finding aside, run again — until a
     run finds nothing new (or after ``rounds``). Each finding keeps its own shrunk
@@ -277,7 +350,8 @@ def audit(
             break
         for finding in new:
             total.findings.append(finding)
-            ignore.append(finding.key)
+            # Exactly this one: another row of the same check is another divergence.
+            ignore.append(f"={finding.key}")
     assert total is not None
     return total
 
@@ -314,9 +388,16 @@ def _rows() -> list[str]:
     return rows
 
 
-def report(result: Result, out: TextIO, *, markdown: bool = False) -> None:
+def report(
+    result: Result,
+    out: TextIO,
+    *,
+    markdown: bool = False,
+    classification: Classification | None = None,
+) -> None:
     """Write the result: per invariant and per table row, then each finding with its
-    counterexample."""
+    counterexample (and, given a ``classification``, what kind of divergence each is)."""
+    notes = classification.notes if classification is not None else {}
     driver = result.driver
     features = set(driver.get("features", []))
     rate = result.steps / result.seconds if result.seconds else 0.0
@@ -343,6 +424,8 @@ def report(result: Result, out: TextIO, *, markdown: bool = False) -> None:
         return "checked" if checked else "not reached"
 
     if markdown:
+        if classification is not None:
+            _md_preamble(result, classification, out)
         out.write(f"**{head}**\n\n")
         if result.error:
             out.write(f"Driver error: `{result.error}`\n\n")
@@ -354,10 +437,23 @@ def report(result: Result, out: TextIO, *, markdown: bool = False) -> None:
         for row in _rows():
             n = result.coverage.rows.get(row, 0)
             out.write(f"| `{row}` | {n} | {status(row, n, _needs(row))} |\n")
+        if classification is not None:
+            out.write("\n## Counterexamples\n")
         for i, finding in enumerate(result.findings, 1):
             kind = "declared divergence" if finding.declared else "violation"
             title = f"{finding.key}" + (f" ({finding.divergence})" if finding.divergence else "")
             out.write(f"\n### {i}. {kind}: {title}\n\n{finding.message}\n")
+            note = notes.get(finding.key)
+            if note is not None:
+                out.write(f"\n**{KINDS[note.kind].capitalize()}.** {note.summary}")
+                out.write(f" See {note.see}.\n" if note.see else "\n")
+            elif classification is not None:
+                out.write("\n**Unclassified.**\n")
+            if finding.flaky:
+                out.write(
+                    "\nThe generated run failed so once; replayed, it need not (the port's"
+                    " timing varies).\n"
+                )
             if finding.script:
                 out.write("\n```jsonl\n")
                 for command in finding.script:
@@ -378,8 +474,58 @@ def report(result: Result, out: TextIO, *, markdown: bool = False) -> None:
     for i, finding in enumerate(result.findings, 1):
         kind = "declared divergence" if finding.declared else "VIOLATION"
         out.write(f"\n{i}. {kind} {finding.key}: {finding.message}\n")
+        note = notes.get(finding.key)
+        if note is not None:
+            out.write(f"   {KINDS[note.kind]}: {note.summary}\n")
         if finding.script:
             out.write(f"   counterexample: {len(finding.script)} commands\n")
+
+
+def _md_preamble(result: Result, classification: Classification, out: TextIO) -> None:
+    """Title, introduction, the command, and one line per finding with its kind."""
+    if classification.title:
+        out.write(f"# {classification.title}\n\n")
+    if classification.intro:
+        out.write(classification.intro.strip() + "\n\n")
+    if classification.command:
+        out.write(f"```bash\n{classification.command.strip()}\n```\n\n")
+    out.write("## Findings\n\n| # | finding | kind | how the port differs | see |\n")
+    out.write("|---|---|---|---|---|\n")
+    for i, finding in enumerate(result.findings, 1):
+        note = classification.notes.get(finding.key)
+        kind = KINDS[note.kind] if note is not None else "**unclassified**"
+        summary = note.summary if note is not None else finding.message
+        see = note.see if note is not None else ""
+        out.write(f"| {i} | `{finding.key}` | {kind} | {summary} | {see} |\n")
+    missing = sorted(set(classification.notes) - {f.key for f in result.findings})
+    if missing:
+        out.write(
+            "\nClassified, not found by this run (timing-dependent on the real clock): "
+            + ", ".join(f"`{key}`" for key in missing)
+            + "\n"
+        )
+    out.write("\n## Coverage\n\n")
+
+
+def check_expected(result: Result, path: Path) -> str | None:
+    """Compare the findings with an expectation file; ``None`` if they agree, else why
+    not. A JSON file is a :class:`Classification` (every classified finding must be
+    found, except those marked ``sometimes``, and nothing else); any other file lists
+    the expected keys, one per line (``#`` starts a comment)."""
+    found = {f.key for f in result.findings}
+    if path.suffix == ".json":
+        classification = load_classification(path)
+        required, allowed = classification.required, set(classification.notes)
+    else:
+        required = allowed = {
+            line.strip()
+            for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        }
+    new, gone = sorted(found - allowed), sorted(required - found)
+    if not new and not gone:
+        return None
+    return f"findings differ from {path}:\n  new: {new}\n  gone: {gone}"
 
 
 def save_scripts(result: Result, directory: Path) -> list[Path]:
@@ -424,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--audit", action="store_true", help="find every distinct divergence, not only the first"
     )
-    parser.add_argument("--rounds", type=int, default=12, help="most audit rounds (12)")
+    parser.add_argument("--rounds", type=int, default=25, help="most audit rounds (25)")
     parser.add_argument("--ignore", action="append", default=[], help="a check to set aside")
     parser.add_argument("--report", choices=("text", "md"), default="text")
     parser.add_argument("--out", type=Path, default=None, help="write the report there")
@@ -438,7 +584,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--expect",
         type=Path,
         default=None,
-        help="a file of expected finding keys, one per line: exit 0 iff exactly these",
+        help=(
+            "expected findings: a file of keys, one per line, or a --classify JSON file;"
+            " exit 0 iff the findings are these"
+        ),
+    )
+    parser.add_argument(
+        "--classify",
+        type=Path,
+        default=None,
+        help="a port's audit notes (JSON): each finding's kind in the report",
     )
     parser.add_argument("--replay", type=Path, default=None, help="play back a saved script")
     return parser
@@ -454,6 +609,7 @@ def main(argv: Sequence[str]) -> int:
         mine, command = args_list, []
     parser = build_parser()
     args = parser.parse_args(mine)
+    classification = None if args.classify is None else load_classification(args.classify)
     connect: Callable[[], Driver]
     shared: SharedProcess | None = None
     if command:
@@ -487,7 +643,7 @@ def main(argv: Sequence[str]) -> int:
             shared.shutdown()
     out = sys.stdout if args.out is None else args.out.open("w", encoding="utf-8")
     try:
-        report(result, out, markdown=args.report == "md")
+        report(result, out, markdown=args.report == "md", classification=classification)
     finally:
         if args.out is not None:
             out.close()
@@ -496,17 +652,9 @@ def main(argv: Sequence[str]) -> int:
     if result.error is not None:
         return 2
     if args.expect is not None:
-        expected = {
-            line.strip()
-            for line in args.expect.read_text().splitlines()
-            if line.strip() and not line.startswith("#")
-        }
-        found = {f.key for f in result.findings}
-        if found != expected:
-            sys.stderr.write(
-                f"envq conform: findings differ from {args.expect}:\n"
-                f"  new: {sorted(found - expected)}\n  gone: {sorted(expected - found)}\n"
-            )
+        differs = check_expected(result, args.expect)
+        if differs is not None:
+            sys.stderr.write(f"envq conform: {differs}\n")
             return 1
         return 0
     return 0 if result.passed else 1
