@@ -32,8 +32,8 @@ the staged runs and the parallel driver are shared with ``scripts/mutate_code.py
 
 Usage::
 
-    python scripts/mutate.py              # every mutant (~10 min on 2 cores)
-    python scripts/mutate.py --quick      # a fixed sample, 8 per table, for CI (~1.5 min)
+    python scripts/mutate.py              # every mutant (635: tens of minutes on 2 cores)
+    python scripts/mutate.py --quick      # a fixed sample, 8 per table (~6 min on 2 cores; CI: --per-table 4)
     python scripts/mutate.py --list       # print the mutants, run nothing
     python scripts/mutate.py --table OUTCOMES --match PERIODIC -v
 
