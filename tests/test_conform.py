@@ -199,6 +199,25 @@ class _OnceOnly(DoubleCount):
                 self.phantom = before
 
 
+class TestRealClockTolerance:
+    @pytest.mark.parametrize(("scale", "tolerance"), [(0.02, 1.0), (0.05, 0.4), (1.0, 0.25)])
+    def test_twenty_milliseconds_or_a_quarter_second(self, scale: float, tolerance: float) -> None:
+        """Timing checks on the real clock allow 20 ms of real jitter (in model seconds
+        at the given scale) or a quarter of a model second, whichever is more."""
+        harness = Harness(
+            InProcessDriver(lambda: Session("real")),
+            hello={"time_scale": scale},
+            real_clock=True,
+        )
+        harness.close()
+        assert harness.oracle.tolerance == pytest.approx(tolerance)
+
+    def test_the_virtual_clock_is_exact(self) -> None:
+        harness = Harness(_in_process())
+        harness.close()
+        assert harness.oracle.tolerance < 1e-5
+
+
 class TestUnreliablePorts:
     def test_a_failure_that_does_not_replay_is_reported_as_first_seen(self) -> None:
         """Hypothesis's replay of the failing run passes (a Flaky error): the finding

@@ -23,13 +23,16 @@ from envq.conform.oracle import LIVE, Coverage, Oracle, Violation, start_result
 from envq.conform.protocol import PROTOCOL, EnvSpec, Plan, QueueConfig, StopCall
 from envq.conform.transport import Driver
 
-__all__ = ["GUARD_REAL", "GUARD_VIRTUAL", "Harness", "matches", "replay"]
+__all__ = ["GUARD_REAL", "GUARD_VIRTUAL", "REAL_JITTER", "Harness", "matches", "replay"]
 
 QS = QueueState
 #: Model seconds a blocking call may take before the harness concludes it will never
 #: return (which the oracle must then explain: an attempt hanging without a deadline).
 GUARD_VIRTUAL: Final = 100_000.0
 GUARD_REAL: Final = 60.0
+#: What the timing checks of a real-clock port allow: this many real seconds of
+#: scheduling jitter, or a quarter of a model second, whichever is more.
+REAL_JITTER: Final = 0.02
 
 
 def matches(violation: Violation, keys: Iterable[str]) -> bool:
@@ -73,7 +76,8 @@ class Harness:
         self.driver = driver
         self.on_violation = on_violation
         self.ignore = frozenset(ignore)
-        self.oracle = Oracle(0.25 if real_clock else 1e-6)
+        scale = float((hello or {}).get("time_scale", 0.05))
+        self.oracle = Oracle(max(0.25, REAL_JITTER / scale) if real_clock else 1e-6)
         if coverage is not None:
             self.oracle.coverage = coverage
         self.guard = GUARD_REAL if real_clock else GUARD_VIRTUAL
