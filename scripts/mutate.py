@@ -33,7 +33,7 @@ the staged runs and the parallel driver are shared with ``scripts/mutate_code.py
 Usage::
 
     python scripts/mutate.py              # every mutant (635: tens of minutes on 2 cores)
-    python scripts/mutate.py --quick      # 8 per table (~6 min on 2 cores; CI: --per-table 4)
+    python scripts/mutate.py --quick      # 8 per table (~6 min on 2 cores; CI: --per-table 2)
     python scripts/mutate.py --list       # print the mutants, run nothing
     python scripts/mutate.py --table OUTCOMES --match PERIODIC -v
 
