@@ -82,6 +82,7 @@ from envq.conform.oracle import (
     CALL_MOVES,
     DRAINED_MOVE,
     LIVE,
+    AttemptLog,
     expected_outcome,
     expected_target,
     infer_event,
@@ -199,23 +200,11 @@ def one_origin(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 @attrs.define(eq=False)
-class Attempt:
-    """One attempt of a scripted envelope, as its ``invoke`` saw it."""
+class Attempt(AttemptLog):
+    """One attempt of a scripted envelope, as its ``invoke`` saw it: the oracle's
+    record of an attempt, plus the event a HANG attempt waits on until released."""
 
-    plan: Plan
-    start: float
-    #: The plan actually carried out (a released HANG takes the release's plan).
-    final: Plan | None = None
     gate: asyncio.Event | None = None
-    release: Plan | None = None
-    #: Loop time at which ``invoke`` saw a CancelledError.
-    cancelled_at: float | None = None
-    #: Who asked to cancel this attempt (the last one asking wins, as in the engine).
-    cancel_cause: CancelCause | None = None
-
-    @property
-    def hanging(self) -> bool:
-        return self.gate is not None and self.release is None and self.cancelled_at is None
 
 
 @attrs.define(eq=False)

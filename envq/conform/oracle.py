@@ -55,7 +55,10 @@ from envq.model.tables import enabled_targets, lifecycle_moves
 
 __all__ = [
     "ALLOWED_LIVE",
+    "CALL_MOVES",
+    "DRAINED_MOVE",
     "LIVE",
+    "AttemptLog",
     "Coverage",
     "Expected",
     "Oracle",
