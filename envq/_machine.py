@@ -54,7 +54,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -299,6 +299,15 @@ ILLEGAL_LIFECYCLE: Final[frozenset[tuple[QueueState, QueueCall]]] = frozenset(
     }
 )
 
+#: Lifecycle actions whose rows leave the queue's state as it is (checked under
+#: ``STRICT``: such a row's target must be its own state).
+STAYING: Final[frozenset[LifeAction]] = frozenset(
+    {_L.NOTHING, _L.BUFFER, _L.ADMIT, _L.AWAIT_STOP, _L.ESCALATE}
+)
+
+#: Lifecycle states in which the last stop's report is final (no stop is under way).
+SETTLED: Final[frozenset[QueueState]] = frozenset({_S.STOPPED, _S.TERMINATED})
+
 #: Lifecycle states in which workers take READY envelopes.
 DISPATCHING: Final[frozenset[QueueState]] = frozenset({_S.RUNNING, _S.STOPPING})
 
@@ -345,52 +354,16 @@ class OutcomeRow:
 
     ``target`` is where the row leads unless the action redirects;
     ``redirects`` are the other states the action may choose (by a decision, the
-    cancel's cause, or the queue not running).
+    cancel's cause, or the queue not running); ``limited``: a move back into the
+    queue by this row is a failure retry, which the queue's failure limiter may make
+    wait (``LIMITED``).
     """
 
     action: Action
     target: EnvState
     redirects: frozenset[EnvState] = frozenset()
+    limited: bool = False
 
-
-def _rows(kind: Kind, rows: Mapping[Outcome, OutcomeRow]) -> dict[tuple[Kind, Outcome], OutcomeRow]:
-    return {(kind, outcome): row for outcome, row in rows.items()}
-
-
-_A = Action
-_REQUEUE = frozenset({_E.READY, _E.DELAYED, _E.PARKED})
-_COMMON: Final = {
-    _O.NO_RETRY: OutcomeRow(_A.REPORT_FAILURE, _E.FAILED),
-    _O.STOP: OutcomeRow(_A.END, _E.STOPPED),
-    _O.STOP_TYPE: OutcomeRow(_A.BLACKLIST, _E.STOPPED),
-    _O.CANCELLED: OutcomeRow(_A.SHELVE, _E.PARKED, frozenset({_E.RETURNED})),
-}
-
-OUTCOMES: Final[Mapping[tuple[Kind, Outcome], OutcomeRow]] = {
-    **_rows(
-        Kind.ONE_OFF,
-        {
-            _O.OK: OutcomeRow(_A.SUCCEED, _E.SUCCEEDED),
-            _O.ERROR: OutcomeRow(_A.DECIDE, _E.FAILED, _REQUEUE),
-            _O.TIMEOUT: OutcomeRow(_A.DECIDE, _E.FAILED, _REQUEUE),
-            **_COMMON,
-        },
-    ),
-    **_rows(
-        Kind.PERIODIC,
-        {
-            _O.OK: OutcomeRow(_A.RESCHEDULE, _E.DELAYED, frozenset({_E.PARKED})),
-            _O.ERROR: OutcomeRow(
-                _A.DECIDE_PERIODIC, _E.DELAYED, frozenset({_E.READY, _E.PARKED, _E.FAILED})
-            ),
-            _O.TIMEOUT: OutcomeRow(
-                _A.DECIDE_PERIODIC, _E.DELAYED, frozenset({_E.READY, _E.PARKED, _E.FAILED})
-            ),
-            **_COMMON,
-        },
-    ),
-    **_rows(Kind.BLACKLISTED, {outcome: OutcomeRow(_A.END, _E.STOPPED) for outcome in _O}),
-}
 
 #: Where a failure decision sends the envelope.
 DECISION_TARGET: Final[Mapping[DecisionKind, EnvState]] = MappingProxyType(
@@ -416,23 +389,181 @@ PARK_INSTEAD: Final[Mapping[EnvState, EnvState]] = MappingProxyType(
 #: even when the decision was to retry now.
 LIMITED: Final[Mapping[EnvState, EnvState]] = MappingProxyType({_E.READY: _E.DELAYED})
 
-#: Where an armed envelope goes: READY, or DELAYED when it must wait first.
-ARMED: Final[Mapping[bool, EnvState]] = MappingProxyType({False: _E.READY, True: _E.DELAYED})
 
-#: The states a stop parks (``EnvEvent.STOP``): DELAYED always, READY under STOP mode
-#: (under DRAIN, ready envelopes still run).
-STOP_PARKS: Final[Mapping[StopMode, frozenset[EnvState]]] = MappingProxyType(
-    {
-        StopMode.DRAIN: frozenset({_E.DELAYED}),
-        StopMode.STOP: frozenset({_E.READY, _E.DELAYED}),
-    }
-)
+def _rows(kind: Kind, rows: Mapping[Outcome, OutcomeRow]) -> dict[tuple[Kind, Outcome], OutcomeRow]:
+    return {(kind, outcome): row for outcome, row in rows.items()}
+
+
+_A = Action
+#: The states a move back into the queue may land in: READY or DELAYED, or parked.
+_PUT_BACK: Final = frozenset({*PARK_INSTEAD, *PARK_INSTEAD.values()})
+_COMMON: Final = {
+    _O.NO_RETRY: OutcomeRow(_A.REPORT_FAILURE, _E.FAILED),
+    _O.STOP: OutcomeRow(_A.END, _E.STOPPED),
+    _O.STOP_TYPE: OutcomeRow(_A.BLACKLIST, _E.STOPPED),
+    _O.CANCELLED: OutcomeRow(_A.SHELVE, _E.PARKED, frozenset({_E.RETURNED})),
+}
+
+OUTCOMES: Final[Mapping[tuple[Kind, Outcome], OutcomeRow]] = {
+    **_rows(
+        Kind.ONE_OFF,
+        {
+            _O.OK: OutcomeRow(_A.SUCCEED, _E.SUCCEEDED),
+            _O.ERROR: OutcomeRow(_A.DECIDE, _E.FAILED, _PUT_BACK, limited=True),
+            _O.TIMEOUT: OutcomeRow(_A.DECIDE, _E.FAILED, _PUT_BACK, limited=True),
+            **_COMMON,
+        },
+    ),
+    **_rows(
+        Kind.PERIODIC,
+        {
+            _O.OK: OutcomeRow(_A.RESCHEDULE, _E.DELAYED, frozenset({_E.PARKED})),
+            _O.ERROR: OutcomeRow(
+                _A.DECIDE_PERIODIC,
+                _E.DELAYED,
+                frozenset({_E.READY, _E.PARKED, _E.FAILED}),
+                limited=True,
+            ),
+            _O.TIMEOUT: OutcomeRow(
+                _A.DECIDE_PERIODIC,
+                _E.DELAYED,
+                frozenset({_E.READY, _E.PARKED, _E.FAILED}),
+                limited=True,
+            ),
+            **_COMMON,
+        },
+    ),
+    **_rows(Kind.BLACKLISTED, {outcome: OutcomeRow(_A.END, _E.STOPPED) for outcome in _O}),
+}
+
+#: Where an armed envelope goes: READY, or DELAYED when it must wait first (the
+#: targets of both START rows of :data:`QUEUE_MOVES`).
+ARMED: Final[Mapping[bool, EnvState]] = MappingProxyType({False: _E.READY, True: _E.DELAYED})
 
 #: The outcome an envelope with an empty ``type`` gets instead: a ``StopType`` acts as
 #: ``StopEnvelope`` (there is no type to blacklist).
 TYPELESS: Final[Mapping[Outcome, Outcome]] = MappingProxyType({_O.STOP_TYPE: _O.STOP})
 
-_ARMED = frozenset({_E.READY, _E.DELAYED})
+#: The queue states in which a move back into the queue (a retry, a periodic
+#: reschedule) stays READY or DELAYED; in every other state it parks (``PARK_INSTEAD``).
+TAKES_BACK: Final[frozenset[QueueState]] = frozenset({QueueState.RUNNING})
+
+#: The row group an admitted envelope's attempts are looked up in, by whether it is
+#: periodic (``interval > 0``).
+KIND_OF: Final[Mapping[bool, Kind]] = MappingProxyType({False: Kind.ONE_OFF, True: Kind.PERIODIC})
+
+#: A RUNNING envelope hit by a queue-side event keeps running; its attempt's end is then
+#: looked up in this row group instead (a blacklisted type ends STOPPED, no hooks).
+RELABEL: Final[Mapping[EnvEvent, Kind]] = MappingProxyType({EnvEvent.BLACKLIST: Kind.BLACKLISTED})
+
+#: The state an envelope enters the queue from (reset at each admission).
+INITIAL: Final[EnvState] = _E.NEW
+#: The state a queue is made in.
+INITIAL_QUEUE: Final[QueueState] = QueueState.INIT
+#: Where an envelope goes when the queue itself fails while settling its attempt (an
+#: internal error, logged): it ends as a dropped failure would.
+FAULT_TARGET: Final[EnvState] = _E.FAILED
+
+
+class Guard(_Enum):
+    """What chooses the target of a queue-side row (:class:`MoveRow`)."""
+
+    #: Nothing: the row has one target, under the key ``None``.
+    NONE = "none"
+    #: How the queue takes a sent envelope (:class:`Arrival`).
+    ARRIVAL = "arrival"
+    #: Whether the envelope must wait before it runs (``bool``).
+    WAIT = "wait"
+    #: The mode of the stop under way (:class:`StopMode`).
+    MODE = "mode"
+
+
+class Arrival(_Enum):
+    """How the queue takes an envelope sent to it."""
+
+    #: Held in the pre-start buffer (the queue was never started).
+    BUFFER = "buffer"
+    #: Admitted, and may run at once.
+    NOW = "now"
+    #: Admitted, and must wait first (``delay``, ``not_before``).
+    LATER = "later"
+
+
+@attrs.frozen
+class MoveRow:
+    """One queue-side row of the envelope machine: the state the event leads to, by the
+    value of the row's guard. A value missing from ``targets`` means the event leaves
+    the envelope where it is (a DRAIN stop does not park READY envelopes)."""
+
+    guard: Guard
+    targets: Mapping[Any, EnvState]
+
+
+def _one(to: EnvState) -> MoveRow:
+    return MoveRow(Guard.NONE, MappingProxyType({None: to}))
+
+
+_EV = EnvEvent
+
+#: The queue-side moves of the envelope machine, guards as data (the outcome side is
+#: ``OUTCOMES``). The runtime resolves each row once per queue.
+QUEUE_MOVES: Final[Mapping[tuple[EnvState, EnvEvent], MoveRow]] = {
+    (_E.NEW, _EV.SEND): MoveRow(
+        Guard.ARRIVAL,
+        MappingProxyType(
+            {Arrival.BUFFER: _E.BUFFERED, Arrival.NOW: _E.READY, Arrival.LATER: _E.DELAYED}
+        ),
+    ),
+    (_E.BUFFERED, _EV.START): MoveRow(Guard.WAIT, ARMED),
+    (_E.PARKED, _EV.START): MoveRow(Guard.WAIT, ARMED),
+    (_E.DELAYED, _EV.DUE): _one(_E.READY),
+    (_E.READY, _EV.DISPATCH): _one(_E.RUNNING),
+    # Under DRAIN ready envelopes still run; every stop parks what waits for its time.
+    (_E.READY, _EV.STOP): MoveRow(Guard.MODE, MappingProxyType({StopMode.STOP: _E.PARKED})),
+    (_E.DELAYED, _EV.STOP): MoveRow(
+        Guard.MODE, MappingProxyType({StopMode.DRAIN: _E.PARKED, StopMode.STOP: _E.PARKED})
+    ),
+    (_E.BUFFERED, _EV.TERMINATE): _one(_E.RETURNED),
+    (_E.PARKED, _EV.TERMINATE): _one(_E.RETURNED),
+    **{
+        (state, _EV.BLACKLIST): _one(_E.STOPPED)
+        for state in (_E.BUFFERED, _E.READY, _E.DELAYED, _E.PARKED)
+    },
+}
+
+
+def queue_move(state: EnvState, event: EnvEvent, value: object = None) -> EnvState | None:
+    """The target of ``QUEUE_MOVES[(state, event)]`` for guard value ``value``; None when
+    the event does not move an envelope in ``state``."""
+    row = QUEUE_MOVES.get((state, event))
+    return None if row is None else row.targets.get(value)
+
+
+def stop_parks(mode: StopMode) -> frozenset[EnvState]:
+    """The states a stop in ``mode`` parks, read off the STOP rows of ``QUEUE_MOVES``."""
+    return frozenset(
+        state
+        for (state, event), row in QUEUE_MOVES.items()
+        if event is EnvEvent.STOP and mode in row.targets
+    )
+
+
+#: The states a stop parks, per :class:`StopMode` (derived from ``QUEUE_MOVES``):
+#: DELAYED always, READY under STOP mode (under DRAIN, ready envelopes still run).
+STOP_PARKS: Final[Mapping[StopMode, frozenset[EnvState]]] = MappingProxyType(
+    {mode: stop_parks(mode) for mode in StopMode}
+)
+
+
+def put_back(to: EnvState, *, limited: bool, queue: QueueState) -> EnvState:
+    """Where a move back into the queue (``to``: READY or DELAYED) lands: DELAYED when
+    the failure limiter makes a READY retry wait (``LIMITED``), parked while the queue
+    does not take envelopes back (``TAKES_BACK``, ``PARK_INSTEAD``)."""
+    if limited:
+        to = LIMITED.get(to, to)
+    if queue not in TAKES_BACK:
+        to = PARK_INSTEAD.get(to, to)
+    return to
 
 
 def _after(outcome: Outcome) -> frozenset[EnvState]:
@@ -444,24 +575,12 @@ def _after(outcome: Outcome) -> frozenset[EnvState]:
 
 
 #: The envelope machine as a relation: (state, event) → the states it may lead to.
-#: Events are :class:`EnvEvent` members (queue side) and :class:`Outcome` members
-#: (the end of an attempt, from RUNNING).
+#: Events are :class:`EnvEvent` members (queue side, the targets of ``QUEUE_MOVES``)
+#: and :class:`Outcome` members (the end of an attempt, from RUNNING).
 ENVELOPE_MOVES: Final[Mapping[tuple[EnvState, EnvEvent | Outcome], frozenset[EnvState]]] = (
     MappingProxyType(
         {
-            (_E.NEW, EnvEvent.SEND): frozenset({_E.BUFFERED, *_ARMED}),
-            (_E.BUFFERED, EnvEvent.START): _ARMED,
-            (_E.PARKED, EnvEvent.START): _ARMED,
-            (_E.DELAYED, EnvEvent.DUE): frozenset({_E.READY}),
-            (_E.READY, EnvEvent.DISPATCH): frozenset({_E.RUNNING}),
-            (_E.READY, EnvEvent.STOP): frozenset({_E.PARKED}),
-            (_E.DELAYED, EnvEvent.STOP): frozenset({_E.PARKED}),
-            (_E.BUFFERED, EnvEvent.TERMINATE): frozenset({_E.RETURNED}),
-            (_E.PARKED, EnvEvent.TERMINATE): frozenset({_E.RETURNED}),
-            **{
-                (state, EnvEvent.BLACKLIST): frozenset({_E.STOPPED})
-                for state in (_E.BUFFERED, _E.READY, _E.DELAYED, _E.PARKED)
-            },
+            **{key: frozenset(row.targets.values()) for key, row in QUEUE_MOVES.items()},
             **{(_E.RUNNING, outcome): _after(outcome) for outcome in Outcome},
         }
     )
@@ -498,16 +617,22 @@ class Situation:
     limited: bool = False
 
 
-_REQUEUE_TARGETS = frozenset({_E.READY, _E.DELAYED, _E.PARKED})
-
-
-def _put_back(to: EnvState, situation: Situation) -> EnvState:
-    """A move back into the queue: limited, then parked while the queue is not RUNNING."""
-    if situation.limited:
-        to = LIMITED.get(to, to)
-    if situation.queue is not QueueState.RUNNING:
-        to = PARK_INSTEAD.get(to, to)
-    return to
+def guard_value(guard: Guard, situation: Situation) -> object:
+    """The value of a queue-side row's ``guard`` in ``situation`` (the key of its
+    ``targets``)."""
+    match guard:
+        case Guard.NONE:
+            return None
+        case Guard.ARRIVAL:
+            if LIFECYCLE[(situation.queue, QueueCall.SEND)].action is LifeAction.BUFFER:
+                return Arrival.BUFFER
+            return Arrival.LATER if situation.wait else Arrival.NOW
+        case Guard.WAIT:
+            return situation.wait
+        case Guard.MODE:
+            return situation.mode
+        case _:
+            raise AssertionError(guard)
 
 
 def target(state: EnvState, event: EnvEvent | Outcome, situation: Situation) -> EnvState | None:
@@ -525,32 +650,22 @@ def target(state: EnvState, event: EnvEvent | Outcome, situation: Situation) -> 
         match row.action:
             case Action.SUCCEED | Action.END | Action.BLACKLIST | Action.REPORT_FAILURE:
                 return row.target
-            case Action.RESCHEDULE:
-                return _put_back(row.target, situation)
-            case Action.DECIDE | Action.DECIDE_PERIODIC:
+            case Action.RESCHEDULE | Action.DECIDE | Action.DECIDE_PERIODIC:
                 decision = situation.decision
-                to = row.target if decision is None else DECISION_TARGET[decision]
-                return _put_back(to, situation) if to in _REQUEUE_TARGETS else to
+                to = row.target
+                if row.action is not Action.RESCHEDULE and decision is not None:
+                    to = DECISION_TARGET[decision]
+                if to not in PARK_INSTEAD:
+                    return to
+                return put_back(
+                    to, limited=row.limited and situation.limited, queue=situation.queue
+                )
             case Action.SHELVE:
                 cause = situation.cause
                 return None if cause is None else SHELVE_TARGET[cause]
             case _:
                 raise AssertionError(row.action)
-    match event:
-        case EnvEvent.SEND if state is _E.NEW:
-            buffered = LIFECYCLE[(situation.queue, QueueCall.SEND)].action is LifeAction.BUFFER
-            return _E.BUFFERED if buffered else ARMED[situation.wait]
-        case EnvEvent.START if state in (_E.BUFFERED, _E.PARKED):
-            return ARMED[situation.wait]
-        case EnvEvent.DUE if state is _E.DELAYED:
-            return _E.READY
-        case EnvEvent.DISPATCH if state is _E.READY:
-            return _E.RUNNING
-        case EnvEvent.STOP if state in STOP_PARKS[situation.mode]:
-            return _E.PARKED
-        case EnvEvent.TERMINATE if state in (_E.BUFFERED, _E.PARKED):
-            return _E.RETURNED
-        case EnvEvent.BLACKLIST if state in (_E.BUFFERED, _E.READY, _E.DELAYED, _E.PARKED):
-            return _E.STOPPED
-        case _:
-            return None
+    move = QUEUE_MOVES.get((state, event))
+    if move is None:
+        return None
+    return move.targets.get(guard_value(move.guard, situation))

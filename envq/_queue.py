@@ -40,17 +40,23 @@ from envq._errors import (
 )
 from envq._limits import RateLimiter
 from envq._machine import (
-    ARMED,
     DECISION_TARGET,
     DISPATCHING,
     ENVELOPE_MOVES,
+    FAULT_TARGET,
+    INITIAL,
+    INITIAL_QUEUE,
+    KIND_OF,
     LIFECYCLE,
-    LIMITED,
     OUTCOMES,
     PARK_INSTEAD,
+    QUEUE_MOVES,
+    RELABEL,
+    SETTLED,
     SHELVE_TARGET,
-    STOP_PARKS,
+    STAYING,
     Action,
+    Arrival,
     CancelCause,
     DecisionKind,
     EnvEvent,
@@ -85,9 +91,9 @@ _T = TypeVar("_T")
 #: helper: the thread check on ``send``'s path costs one call).
 _running_loop: Final = asyncio._get_running_loop
 
-# Module constants for the hot path: in Python 3.11 reading an enum member off its
-# class costs ~150 ns, a global ~20 ns.
-_NEW: Final = EnvState.NEW
+# Enum members the hot path compares with, as module constants: in Python 3.11 reading
+# a member off its class costs ~150 ns, a global ~20 ns. They name states for the entry
+# work of ``_enter``; no rule is spelled with them (the targets come from the tables).
 _READY: Final = EnvState.READY
 _DELAYED: Final = EnvState.DELAYED
 _RUNNING_E: Final = EnvState.RUNNING
@@ -95,19 +101,15 @@ _PARKED: Final = EnvState.PARKED
 _BUFFERED: Final = EnvState.BUFFERED
 _RETURNED: Final = EnvState.RETURNED
 _FAILED: Final = EnvState.FAILED
-_TERMINAL: Final = _machine.TERMINAL_STATES
 _OK: Final = Outcome.OK
 _CANCELLED: Final = Outcome.CANCELLED
-_RUNNING_Q: Final = QueueState.RUNNING
 _STOPPING_Q: Final = QueueState.STOPPING
 _ADMIT: Final = LifeAction.ADMIT
 _SEND: Final = QueueCall.SEND
 _DISPATCH: Final = EnvEvent.DISPATCH
 _DUE: Final = EnvEvent.DUE
 _EV_SEND: Final = EnvEvent.SEND
-_ONE_OFF: Final = Kind.ONE_OFF
 _PERIODIC: Final = Kind.PERIODIC
-_REQUEUED: Final = frozenset({_READY, _DELAYED})
 _INF: Final = math.inf
 
 
@@ -119,17 +121,6 @@ class _Sched:
     FIXED_DELAY: Final = Schedule.FIXED_DELAY
     FIXED_RATE: Final = Schedule.FIXED_RATE
 
-
-#: Lifecycle actions whose row must leave the queue's state as it is.
-_STAYS: Final = frozenset(
-    {
-        LifeAction.NOTHING,
-        LifeAction.BUFFER,
-        LifeAction.ADMIT,
-        LifeAction.AWAIT_STOP,
-        LifeAction.ESCALATE,
-    }
-)
 
 Listener = Callable[[Event], object]
 _Cause: TypeAlias = BaseException | None
@@ -230,7 +221,17 @@ class Queue:
         #: The termination under way (or done), once it had to wait for a stop.
         self._closing: asyncio.Task[list[Envelope]] | None = None
 
-        self._state = QueueState.INIT
+        self._state = INITIAL_QUEUE
+        # The queue-side rows the hot path performs, resolved once (QUEUE_MOVES): where
+        # a sent envelope goes (buffered, or armed by whether it must wait), where a
+        # due one goes, where a dispatched one goes.
+        arrive = QUEUE_MOVES[(INITIAL, EnvEvent.SEND)].targets
+        self._buffered_to = arrive[Arrival.BUFFER]
+        self._admitted_to = {False: arrive[Arrival.NOW], True: arrive[Arrival.LATER]}
+        self._due_to = QUEUE_MOVES[(_DELAYED, EnvEvent.DUE)].targets[None]
+        self._dispatch_to = QUEUE_MOVES[(_READY, EnvEvent.DISPATCH)].targets[None]
+        #: The terminal states (TERMINAL_STATES), read once.
+        self._terminal = _machine.TERMINAL_STATES
         self._send_row = self._row_for_send(self._state)
         self._loop: asyncio.AbstractEventLoop | None = None
         #: ``loop.time`` once the queue is bound to its loop.
@@ -432,7 +433,7 @@ class Queue:
         self._own_loop("wait_stopped")
         if self._inside() is not None:
             raise RuntimeError(f"queue {self.name!r}: wait_stopped() from inside the queue")
-        if self._state in (QueueState.STOPPED, QueueState.TERMINATED):
+        if self._state in SETTLED:
             return self._last_report
         fut = self._bound_loop().create_future()
         self._stopped_waiters.append(fut)
@@ -724,8 +725,10 @@ class Queue:
             _TASKS.add(task)
             task.add_done_callback(_TASKS.discard)
         for env, rec in list(self._live.items()):
-            delay = self._first_delay(env) if rec.state is EnvState.BUFFERED else rec.due
-            self._enter(env, rec, EnvEvent.START, ARMED[delay > 0], delay)
+            delay = self._first_delay(env) if rec.state is _BUFFERED else rec.due
+            to = _machine.queue_move(rec.state, EnvEvent.START, delay > 0)
+            assert to is not None, rec.state
+            self._enter(env, rec, EnvEvent.START, to, delay)
         if self._waiters:
             self._pump()
 
@@ -750,16 +753,18 @@ class Queue:
         return run.done
 
     def _park(self, mode: StopMode) -> None:
-        """Park delayed envelopes, and ready ones too in STOP mode (admission order)."""
-        parkable = STOP_PARKS[mode]
-        if _READY in parkable:
+        """Park what a stop in ``mode`` parks (the STOP rows of ``QUEUE_MOVES``: delayed
+        envelopes, and ready ones too in STOP mode), in admission order."""
+        move = _machine.queue_move
+        if move(_READY, EnvEvent.STOP, mode) is not None:
             self._ready.clear()
         now = self._bound_loop().time()
         for env, rec in self._live.items():
-            if rec.state in parkable:
+            to = move(rec.state, EnvEvent.STOP, mode)
+            if to is not None:
                 rec.tick = 0
-                remaining = max(0.0, rec.due - now) if rec.state is EnvState.DELAYED else 0.0
-                self._move(env, rec, EnvEvent.STOP, EnvState.PARKED)
+                remaining = max(0.0, rec.due - now) if rec.state is _DELAYED else 0.0
+                self._move(env, rec, EnvEvent.STOP, to)
                 rec.due = remaining
         # Both modes park every DELAYED envelope: no entry of the delay heap is live.
         self._delays.clear()
@@ -803,7 +808,9 @@ class Queue:
         # back frees.
         self._set_state(row.target)
         for env, rec in list(self._live.items()):
-            self._enter(env, rec, EnvEvent.TERMINATE, EnvState.RETURNED)
+            to = _machine.queue_move(rec.state, EnvEvent.TERMINATE)
+            assert to is not None, rec.state
+            self._enter(env, rec, EnvEvent.TERMINATE, to)
         self._threads.shutdown()
         self._deadlines.disarm()
         self._wake_stopped()
@@ -843,7 +850,7 @@ class Queue:
         return report(
             self._run,
             (env for env, rec in self._live.items() if rec.state is _PARKED),
-            self._state in (QueueState.STOPPED, QueueState.TERMINATED),
+            self._state in SETTLED,
         )
 
     # ----------------------------------------------------------------------------------
@@ -896,6 +903,7 @@ class Queue:
         live = self._live
         seq = self._seq
         enter = self._enter
+        admitted_to = self._admitted_to
         for env in fresh:
             # The envelope's own record, reset for this stay (no allocation per send).
             rec = env._rec
@@ -903,18 +911,18 @@ class Queue:
                 dedups += 1
                 continue
             seq += 1
-            rec.state = _NEW
-            rec.kind = _PERIODIC if env.interval > 0 else _ONE_OFF
+            rec.state = INITIAL
+            rec.kind = KIND_OF[env.interval > 0]
             rec.seq = seq
             rec.attempts = 0
             rec.failures = 0
             rec.owner = self
             live[env] = rec
             if buffer:
-                enter(env, rec, _EV_SEND, _BUFFERED)
+                enter(env, rec, _EV_SEND, self._buffered_to)
             else:
                 delay = env.delay if env.not_before is None else self._first_delay(env)
-                enter(env, rec, _EV_SEND, ARMED[delay > 0], delay)
+                enter(env, rec, _EV_SEND, admitted_to[delay > 0], delay)
         self._seq = seq
         if dedups:
             self._counts.dedups += dedups
@@ -1048,7 +1056,7 @@ class Queue:
         elif to is _DELAYED:
             due = rec.due = self._clock() + delay if at is None else at
             self._delays.push(env, rec, due)
-        elif to in _TERMINAL:
+        elif to in self._terminal:
             del self._live[env]
             rec.owner = None
             self._counts.terminal[to] += 1
@@ -1081,7 +1089,7 @@ class Queue:
 
     def _due(self, env: Envelope, rec: _Rec) -> None:
         """The delay heap's call: ``env``'s time has come."""
-        self._enter(env, rec, _DUE, _READY)
+        self._enter(env, rec, _DUE, self._due_to)
 
     def _ask_limiter(self, limiter: RateLimiter, env: Envelope, role: str) -> float:
         """``limiter.when(env)`` as seconds to wait; a limiter that raises or answers
@@ -1132,21 +1140,23 @@ class Queue:
         delay: float,
         cause: BaseException | None,
         at: float | None = None,
+        *,
+        retry: bool,
     ) -> None:
-        """Put ``env`` back (READY/DELAYED), or park it while the queue is not RUNNING.
+        """Perform the end of a row that may put ``env`` back (``to``: READY or DELAYED,
+        or an end state): where it lands is ``_machine.put_back``'s.
 
-        ``at``: the loop time ``delay`` stands for, when it is a grid point. A failure
-        retry waits at least ``limiter.when(env)``; a READY retry that must wait
-        becomes DELAYED (``LIMITED``).
+        ``at``: the loop time ``delay`` stands for, when it is a grid point. ``retry``:
+        the row's ``limited`` flag — a failure retry waits at least
+        ``limiter.when(env)``, and a READY retry that must wait becomes DELAYED.
         """
-        if self.limiter is not None and outcome is not _OK and to in _REQUEUED:
+        limited = False
+        if retry and self.limiter is not None and to in PARK_INSTEAD:
             wait = self._ask_limiter(self.limiter, env, "retry")
             if wait > delay:
                 delay, at = wait, None
-            if delay > 0:
-                to = LIMITED.get(to, to)
-        if self._state is not _RUNNING_Q:
-            to = PARK_INSTEAD.get(to, to)
+            limited = delay > 0
+        to = _machine.put_back(to, limited=limited, queue=self._state)
         self._enter(env, rec, outcome, to, delay, cause, at)
 
     # ----------------------------------------------------------------------------------
@@ -1174,6 +1184,7 @@ class Queue:
         outcome_counts = self._outcome_counts
         deadlines = self._deadlines
         clock = loop.time
+        dispatched = self._dispatch_to
         bare_queue = not self.stamps
         paid = False
         while True:
@@ -1203,10 +1214,10 @@ class Queue:
             rec = env._rec
             w.env = env
             rec.attempts += 1
-            rec.state = _RUNNING_E
+            rec.state = dispatched
             _ATTEMPT.set(env)
             if self._observed:
-                self._observe(env, _READY, _DISPATCH, _RUNNING_E, None)
+                self._observe(env, _READY, _DISPATCH, dispatched, None)
             try:
                 if env._lean and bare_queue:
                     # The attempt of an envelope with no hooks or stamps (the runner's
@@ -1248,7 +1259,7 @@ class Queue:
             except BaseException as exc:  # the queue's own failure: log, end the envelope
                 log.exception("queue %r: internal error handling %s", self.name, env.label())
                 if live.get(env) is rec and rec.state is _RUNNING_E:
-                    self._enter(env, rec, Outcome.ERROR, EnvState.FAILED, cause=exc)
+                    self._enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)
             finally:
                 w.env = None
                 w.cancellable = False
@@ -1327,6 +1338,7 @@ class Queue:
         its target bound (one exhaustive ``match``, run once per row when the queue is
         made; the worker calls the result for every attempt)."""
         target = row.target
+        limited = row.limited
         enter = self._enter
         match row.action:
             case Action.SUCCEED:
@@ -1346,18 +1358,18 @@ class Queue:
                     w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
                 ) -> Awaitable[None] | None:
                     if env.on_success is not None:
-                        return self._reschedule(w, env, rec, outcome, target)
-                    self._rescheduled(env, rec, outcome, target)
+                        return self._reschedule(w, env, rec, outcome, target, limited)
+                    self._rescheduled(env, rec, outcome, target, limited)
                     return None
 
                 return reschedule
             case Action.DECIDE:
                 return lambda w, env, rec, outcome, cause: self._decide(
-                    w, env, rec, outcome, target, cause
+                    w, env, rec, outcome, target, cause, limited
                 )
             case Action.DECIDE_PERIODIC:
                 return lambda w, env, rec, outcome, cause: self._decide_periodic(
-                    w, env, rec, outcome, target, cause
+                    w, env, rec, outcome, target, cause, limited
                 )
             case Action.REPORT_FAILURE:
                 return lambda w, env, rec, outcome, cause: self._report_failure(
@@ -1399,17 +1411,25 @@ class Queue:
         self._enter(env, rec, outcome, target)
 
     async def _reschedule(
-        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState
+        self,
+        w: Worker,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        target: EnvState,
+        limited: bool,
     ) -> None:
         await self._runner.on_success(w, env)
-        self._rescheduled(env, rec, outcome, target)
+        self._rescheduled(env, rec, outcome, target, limited)
 
-    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState) -> None:
+    def _rescheduled(
+        self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState, limited: bool
+    ) -> None:
         rec.failures = 0
         if self.limiter is not None:
             self._limiter_forget(env)
         delay, at = self._next_run(env, rec)
-        self._requeue(env, rec, outcome, target, delay, None, at)
+        self._requeue(env, rec, outcome, target, delay, None, at, retry=limited)
 
     async def _decide_periodic(
         self,
@@ -1419,6 +1439,7 @@ class Queue:
         outcome: Outcome,
         target: EnvState,
         cause: BaseException | None,
+        limited: bool,
     ) -> None:
         """Periodic failure: on_failure's decision if set, else the next interval."""
         rec.failures += 1
@@ -1429,7 +1450,7 @@ class Queue:
         else:
             decision = await self._runner.on_failure(w, env, cause, rec.failures)
             to, delay = DECISION_TARGET[decision.kind], decision.delay
-        self._requeue(env, rec, outcome, to, delay, cause, at)
+        self._requeue(env, rec, outcome, to, delay, cause, at, retry=limited)
 
     async def _report_failure(
         self,
@@ -1456,6 +1477,7 @@ class Queue:
         outcome: Outcome,
         target: EnvState,
         cause: BaseException | None,
+        limited: bool,
     ) -> None:
         """One-off failure: on_failure's decision, else the Retry policy, else drop."""
         attempt = rec.attempts
@@ -1474,7 +1496,7 @@ class Queue:
                 )
                 exhausted.__cause__ = cause
                 cause = exhausted
-        self._requeue(env, rec, outcome, to, delay, cause)
+        self._requeue(env, rec, outcome, to, delay, cause, retry=limited)
 
     def _blacklist_type(self, culprit: Envelope) -> None:
         kind = culprit.type
@@ -1487,10 +1509,11 @@ class Queue:
             self._ready.clear()
             self._ready.extend(kept)
         for env, rec in victims:
-            if rec.state is _RUNNING_E:
-                rec.kind = Kind.BLACKLISTED
+            to = _machine.queue_move(rec.state, EnvEvent.BLACKLIST)
+            if to is None:  # in flight: its attempt ends by the relabelled rows
+                rec.kind = RELABEL[EnvEvent.BLACKLIST]
             else:
-                self._enter(env, rec, EnvEvent.BLACKLIST, EnvState.STOPPED)
+                self._enter(env, rec, EnvEvent.BLACKLIST, to)
 
     # ----------------------------------------------------------------------------------
     # Helpers
@@ -1599,7 +1622,7 @@ def current_attempt() -> Attempt | None:
 
 def _check_stays(row: LifeRow, state: QueueState) -> None:
     """Under STRICT: a row whose action keeps the state must name it as its target."""
-    if _machine.STRICT and row.action in _STAYS:
+    if _machine.STRICT and row.action in STAYING:
         assert row.target is state, f"{row} must leave the state unchanged"
 
 

@@ -88,7 +88,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
         "queue-internal-error-ignored",
         "_queue.py",
         "                if live.get(env) is rec and rec.state is _RUNNING_E:\n"
-        "                    self._enter(env, rec, Outcome.ERROR, EnvState.FAILED, cause=exc)\n",
+        "                    self._enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)\n",
         "                pass\n",
         "the queue's own failure is logged but the envelope stays RUNNING: its slot is never freed",
     ),
@@ -143,16 +143,23 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-park-keeps-due-time",
         "_queue.py",
-        "                remaining = max(0.0, rec.due - now)"
-        " if rec.state is EnvState.DELAYED else 0.0",
-        "                remaining = rec.due if rec.state is EnvState.DELAYED else 0.0",
+        "                remaining = max(0.0, rec.due - now) if rec.state is _DELAYED else 0.0",
+        "                remaining = rec.due if rec.state is _DELAYED else 0.0",
         "a parked envelope keeps its absolute due time, not the time it still had to wait",
     ),
     _m(
         "queue-drain-parks-ready",
         "_queue.py",
-        "        parkable = STOP_PARKS[mode]\n",
-        "        parkable = STOP_PARKS[StopMode.STOP]\n",
+        "        if move(_READY, EnvEvent.STOP, mode) is not None:\n"
+        "            self._ready.clear()\n"
+        "        now = self._bound_loop().time()\n"
+        "        for env, rec in self._live.items():\n"
+        "            to = move(rec.state, EnvEvent.STOP, mode)\n",
+        "        if move(_READY, EnvEvent.STOP, StopMode.STOP) is not None:\n"
+        "            self._ready.clear()\n"
+        "        now = self._bound_loop().time()\n"
+        "        for env, rec in self._live.items():\n"
+        "            to = move(rec.state, EnvEvent.STOP, StopMode.STOP)\n",
         "a DRAIN stop parks the ready envelopes instead of running them (the ready queue"
         " still holds them)",
     ),
@@ -172,10 +179,9 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-reschedule-not-parked",
-        "_queue.py",
-        "        if self._state is not _RUNNING_Q:\n            to = PARK_INSTEAD.get(to, to)\n",
-        "        if self._state is QueueState.STOPPED:\n"
-        "            to = PARK_INSTEAD.get(to, to)\n",
+        "_machine.py",
+        "    if queue not in TAKES_BACK:\n        to = PARK_INSTEAD.get(to, to)\n",
+        "    if queue is QueueState.STOPPED:\n        to = PARK_INSTEAD.get(to, to)\n",
         "a reschedule decided while the queue is STOPPING is not parked",
     ),
     _m(
@@ -188,15 +194,15 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-limiter-ready-retry-not-delayed",
         "_queue.py",
-        "            if delay > 0:\n                to = LIMITED.get(to, to)\n",
-        "",
+        "            limited = delay > 0\n",
+        "            limited = False\n",
         "a retry_now that the limiter says must wait still runs at once",
     ),
     _m(
         "queue-limiter-on-success",
         "_queue.py",
-        "        if self.limiter is not None and outcome is not _OK and to in _REQUEUED:\n",
-        "        if self.limiter is not None and to in _REQUEUED:\n",
+        "        if retry and self.limiter is not None and to in PARK_INSTEAD:\n",
+        "        if self.limiter is not None and to in PARK_INSTEAD:\n",
         "a periodic envelope's successful runs are spaced by the failure limiter too",
     ),
     _m(
@@ -295,10 +301,10 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-periodic-failures-not-reset",
         "_queue.py",
-        "    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState)"
-        " -> None:\n        rec.failures = 0\n",
-        "    def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState)"
-        " -> None:\n",
+        "        rec.failures = 0\n        if self.limiter is not None:\n"
+        "            self._limiter_forget(env)\n        delay, at = self._next_run(env, rec)\n",
+        "        if self.limiter is not None:\n"
+        "            self._limiter_forget(env)\n        delay, at = self._next_run(env, rec)\n",
         "a periodic envelope's consecutive-failure count is not reset by an OK run",
     ),
     _m(
@@ -311,8 +317,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-buffered-delay-ignored",
         "_queue.py",
-        "            delay = self._first_delay(env)"
-        " if rec.state is EnvState.BUFFERED else rec.due\n",
+        "            delay = self._first_delay(env) if rec.state is _BUFFERED else rec.due\n",
         "            delay = rec.due\n",
         "envelopes buffered before start() ignore their delay / not_before",
     ),

@@ -32,13 +32,16 @@ from envq._machine import (
     PARK_INSTEAD,
     SHELVE_TARGET,
     TERMINAL_STATES,
+    Arrival,
     CancelCause,
     DecisionKind,
     EnvEvent,
     EnvState,
+    Guard,
     Kind,
     LifeAction,
     LifeRow,
+    MoveRow,
     Outcome,
     OutcomeRow,
     QueueCall,
@@ -324,9 +327,31 @@ class TestGuards:
     @pytest.mark.parametrize(
         ("table", "key", "value"),
         [
-            ("STOP_PARKS", StopMode.DRAIN, frozenset({EnvState.READY, EnvState.DELAYED})),
+            (
+                "QUEUE_MOVES",
+                (EnvState.READY, EnvEvent.STOP),
+                MoveRow(
+                    Guard.MODE, {StopMode.DRAIN: EnvState.PARKED, StopMode.STOP: EnvState.PARKED}
+                ),
+            ),
+            (
+                "QUEUE_MOVES",
+                (EnvState.BUFFERED, EnvEvent.START),
+                MoveRow(Guard.WAIT, {False: EnvState.READY, True: EnvState.READY}),
+            ),
+            (
+                "QUEUE_MOVES",
+                (EnvState.NEW, EnvEvent.SEND),
+                MoveRow(
+                    Guard.ARRIVAL,
+                    {
+                        Arrival.BUFFER: EnvState.READY,
+                        Arrival.NOW: EnvState.READY,
+                        Arrival.LATER: EnvState.DELAYED,
+                    },
+                ),
+            ),
             ("LIMITED", EnvState.READY, EnvState.READY),
-            ("ARMED", True, EnvState.READY),
             ("PARK_INSTEAD", EnvState.DELAYED, EnvState.DELAYED),
             ("DECISION_TARGET", DecisionKind.RETRY_NOW, EnvState.DELAYED),
         ],
