@@ -11,7 +11,7 @@ import attrs
 from envq import _checks
 from envq._checks import is_async_callable
 from envq._errors import BadEnvelope, BadEnvelopeType, BadIntervals
-from envq._machine import EnvState, Kind
+from envq._machine import INITIAL, KIND_OF, EnvState, Kind
 from envq._values import Decision, Retry, Schedule
 
 __all__ = [
@@ -69,8 +69,8 @@ class _Rec:
     def __init__(self) -> None:
         #: The queue the envelope is live in (None when in none); set by the queue only.
         self.owner: Any = None
-        self.state = EnvState.NEW
-        self.kind = Kind.ONE_OFF
+        self.state: EnvState = INITIAL
+        self.kind: Kind = KIND_OF[False]
         self.seq = 0
         self.due = 0.0
         #: The number of its entry in the queue's timer heap while DELAYED, else 0.

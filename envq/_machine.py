@@ -1,4 +1,4 @@
-"""Every state, event and transition of envq, as plain data (contract §3, §4).
+"""Every state, event and transition of envq, as plain data.
 
 Theory of operation
 -------------------
@@ -13,36 +13,50 @@ envq has two state machines:
   blacklist) and, from RUNNING, by the :class:`Outcome` of the attempt.
 
 This module is the only place that says which move follows which event, guards
-included. The queue's lifecycle methods look up ``LIFECYCLE[(state, call)]`` and
-perform the named :class:`LifeAction`; each row of ``OUTCOMES[(kind, outcome)]`` is
-resolved once per queue into its :class:`Action`, which the worker performs at the end
-of every attempt. Where a move depends on more than the pair, the choice is a table
-too:
+included; nothing else writes a state it did not look up here (a test walks the source
+for it). The queue's lifecycle methods look up ``LIFECYCLE[(state, call)]`` and perform
+the named :class:`LifeAction`; the queue-side moves of an envelope are the rows of
+``QUEUE_MOVES[(state, event)]``, each choosing its target by a :class:`Guard` whose
+value keys the row's ``targets``; each row of ``OUTCOMES[(kind, outcome)]`` is resolved
+once per queue into its :class:`Action`, which the worker performs at the end of every
+attempt. Where a move depends on more than the pair, the choice is a table too:
 
 * ``DECISION_TARGET`` — where a failure decision sends the envelope;
 * ``SHELVE_TARGET`` — where a cancelled attempt goes, by who cancelled it;
-* ``PARK_INSTEAD`` — a move back into the queue while it is not RUNNING parks;
-* ``LIMITED`` — a retry the failure limiter makes wait becomes DELAYED;
-* ``ARMED`` — an envelope armed (sent to a running queue, or at ``start()``) is READY,
-  or DELAYED when it must wait (``delay``, ``not_before``, time left when parked);
-* ``STOP_PARKS`` — which states a stop parks, per :class:`StopMode`;
+* ``LIMITED``, ``TAKES_BACK``, ``PARK_INSTEAD`` — a move back into the queue
+  (:func:`put_back`): a retry the failure limiter makes wait becomes DELAYED (for the
+  outcome rows flagged ``limited``), and in a queue that does not take envelopes back
+  (not RUNNING) it parks;
+* ``ARMED`` — the targets of the START rows: READY, or DELAYED when the envelope must
+  wait (``delay``, ``not_before``, time left when parked);
+* ``KIND_OF`` and ``RELABEL`` — the row group of an envelope's attempts: by whether it
+  is periodic, and once its type is blacklisted while it runs;
 * ``TYPELESS`` — the outcome an envelope without a ``type`` gets instead (its
-  ``StopType`` acts as ``StopEnvelope``).
+  ``StopType`` acts as ``StopEnvelope``);
+* ``INITIAL``, ``INITIAL_QUEUE``, ``FAULT_TARGET`` — where an envelope and a queue
+  begin, and where an envelope goes when the queue itself fails settling it.
 
-:func:`target` states what these tables mean together: the one state an event leads to
-in a :class:`Situation` (the guard valuation). The python-statemachine models in
-:mod:`envq.model` are written from the contract and proven equal to it, guards
-included, over every (state, event, situation).
+``STOP_PARKS`` and ``ENVELOPE_MOVES`` are derived from the rows. :func:`target` states
+what these tables mean together: the one state an event leads to in a
+:class:`Situation` (the guard valuation). The python-statemachine models in
+:mod:`envq.model` are written independently and proven equal to it, guards included,
+over every (state, event, situation).
 
-What stays code, and nothing else (h11's rule): *performing* a row — running hooks,
-computing delays (interval, FIXED_RATE grid, backoff, the limiter's wait), the
-bookkeeping of capacity, the ready deque, the delay heap and the stop report — and
-*deciding the situation*: the failure decision (``on_failure``'s answer, the ``Retry``
-policy), who cancelled an attempt, whether an envelope must wait, whether the limiter
-asks it to, and which outcome an attempt ended with (the classification of its
-exception, ``envq._attempt``). A pair missing from a table is illegal;
-``ILLEGAL_LIFECYCLE`` lists the ones missing on purpose, and a test proves every pair
-is one or the other.
+What stays code, and nothing else (h11's rule):
+
+* *performing* a row — running hooks and stamps, computing delays (interval, the
+  FIXED_RATE grid, backoff, the limiter's wait), the bookkeeping of capacity, the
+  ready deque, the delay heap, parking times and the stop report;
+* *deciding the situation* — the failure decision (``on_failure``'s answer, the
+  ``Retry`` policy), who cancelled an attempt, whether an envelope must wait, whether
+  the limiter asks it to, how the queue takes a send (:func:`guard_value`), and which
+  outcome an attempt ended with (the classification of its exception,
+  ``envq._attempt``);
+* the meaning of each :class:`Action` and :class:`LifeAction` (one exhaustive
+  ``match`` each in the queue, mirrored by :func:`target`).
+
+A pair missing from a table is illegal; ``ILLEGAL_LIFECYCLE`` lists the ones missing on
+purpose, and a test proves every pair is one or the other.
 
 ``ENVELOPE_MOVES`` is the envelope machine as a relation (state, event) → the states
 the event may lead to; the runtime checks every envelope move against it when
@@ -70,30 +84,46 @@ __all__ = [
     "DECISION_TARGET",
     "DISPATCHING",
     "ENVELOPE_MOVES",
+    "FAULT_TARGET",
     "ILLEGAL_LIFECYCLE",
+    "INITIAL",
+    "INITIAL_QUEUE",
+    "KIND_OF",
     "LIFECYCLE",
     "LIMITED",
     "LIVE_STATES",
     "OUTCOMES",
     "PARK_INSTEAD",
+    "QUEUE_MOVES",
+    "RELABEL",
+    "SETTLED",
     "SHELVE_TARGET",
+    "STAYING",
     "STOP_PARKS",
+    "TAKES_BACK",
     "TERMINAL_STATES",
     "TYPELESS",
     "Action",
+    "Arrival",
     "CancelCause",
     "DecisionKind",
     "EnvEvent",
     "EnvState",
+    "Guard",
     "Kind",
     "LifeAction",
     "LifeRow",
+    "MoveRow",
     "Outcome",
     "OutcomeRow",
     "QueueCall",
     "QueueState",
     "Situation",
     "StopMode",
+    "guard_value",
+    "put_back",
+    "queue_move",
+    "stop_parks",
     "target",
 ]
 

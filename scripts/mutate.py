@@ -111,10 +111,12 @@ TABLES: Final = (
     "SHELVE_TARGET",
     "PARK_INSTEAD",
     "LIMITED",
-    "ARMED",
-    "STOP_PARKS",
+    "QUEUE_MOVES",
+    "KIND_OF",
+    "RELABEL",
     "TYPELESS",
     "ENVELOPE_MOVES",
+    "TAKES_BACK",
     "DISPATCHING",
     "TERMINAL_STATES",
     "LIVE_STATES",
@@ -164,6 +166,11 @@ EQUIVALENT: Final[tuple[Equivalent, ...]] = (
         "OUTCOMES[BLACKLISTED,*] END→STOPPED :: action BLACKLIST",
         "the type is already blacklisted and every other live envelope of it is already"
         " in flight as BLACKLISTED: blacklisting it again changes nothing",
+    ),
+    Equivalent(
+        "QUEUE_MOVES[BUFFERED,BLACKLIST] * :: *",
+        "unreachable move: envelopes are BUFFERED only while the queue is INIT, when no"
+        " attempt runs that could raise StopType",
     ),
     Equivalent(
         "ENVELOPE_MOVES[BUFFERED,BLACKLIST] {STOPPED} :: drop",
@@ -261,7 +268,7 @@ def mutants() -> list[Mutant]:
     out += _outcome_mutants(m)
     # The plain maps: target → each other plausible state, or dropped.
     plausible = [s for s in m.EnvState if s not in (m.EnvState.NEW, m.EnvState.RUNNING)]
-    for table in ("DECISION_TARGET", "SHELVE_TARGET", "PARK_INSTEAD", "LIMITED", "ARMED"):
+    for table in ("DECISION_TARGET", "SHELVE_TARGET", "PARK_INSTEAD", "LIMITED"):
         mapping: Mapping[Any, Any] = getattr(m, table)
         for key, target in mapping.items():
             for other in plausible:
@@ -275,15 +282,14 @@ def mutants() -> list[Mutant]:
                 change = f"→{instead.name}"
                 out.append(_set("TYPELESS", key, f"→{outcome.name}", instead, change))
         out.append(_drop("TYPELESS", key, f"→{outcome.name}"))
-    # STOP_PARKS: per mode, each member removed, each other waiting state added
-    # (not BUFFERED: envelopes are buffered only in INIT, where a stop is a no-op).
-    for mode, parked in m.STOP_PARKS.items():
-        was = _name(parked)
-        for x in sorted(parked, key=lambda st: st.name):
-            out.append(_set("STOP_PARKS", mode, was, parked - {x}, f"without {x.name}"))
-        for x in (m.EnvState.READY, m.EnvState.DELAYED):
-            if x not in parked:
-                out.append(_set("STOP_PARKS", mode, was, parked | {x}, f"with {x.name}"))
+    out += _queue_move_mutants(m, plausible)
+    # KIND_OF and RELABEL: the row group → each other one.
+    for table in ("KIND_OF", "RELABEL"):
+        groups: Mapping[Any, Any] = getattr(m, table)
+        for key, kind in groups.items():
+            for group in m.Kind:
+                if group is not kind:
+                    out.append(_set(table, key, f"→{kind.name}", group, f"→{group.name}"))
     out += _envelope_move_mutants(m)
     out += _set_mutants(m)
     return out
@@ -375,7 +381,48 @@ def _outcome_mutants(m: ModuleType) -> list[Mutant]:
             if action is not row.action:
                 change = f"action {action.name}"
                 out.append(_evolve("OUTCOMES", key, was, {"action": action}, change))
+        if row.action in (m.Action.RESCHEDULE, m.Action.DECIDE, m.Action.DECIDE_PERIODIC):
+            change = f"limited {not row.limited}"
+            out.append(_evolve("OUTCOMES", key, was, {"limited": not row.limited}, change))
         out.append(_drop("OUTCOMES", key, was))
+    return out
+
+
+def _queue_move_mutants(m: ModuleType, plausible: Sequence[Any]) -> list[Mutant]:
+    """Per row of ``QUEUE_MOVES`` and value of its guard: the target → each other
+    plausible state (RUNNING too for the rows that do not dispatch), or dropped (the
+    event then leaves the envelope where it is); a missing value of a MODE row added
+    (a stop that parks what it should leave); the row dropped."""
+    E = m.EnvState
+    out: list[Mutant] = []
+    for key, row in m.QUEUE_MOVES.items():
+        values = list(row.targets)
+        if row.guard is m.Guard.MODE:
+            values += [mode for mode in m.StopMode if mode not in row.targets]
+        for value in values:
+            target = row.targets.get(value)
+            was = f"{_name(value)}→{target.name if target else '-'}"
+            others = [*plausible, E.RUNNING] if key[1] is not m.EnvEvent.DISPATCH else plausible
+            for other in others:
+                if other is not target:
+                    spec = {
+                        "table": "QUEUE_MOVES",
+                        "op": "retarget",
+                        "key": _enc(key),
+                        "guard": _enc(value),
+                        "value": _enc(other),
+                    }
+                    out.append(Mutant("QUEUE_MOVES", _name(key), f"{was} :: →{other.name}", spec))
+            if target is not None:
+                spec = {
+                    "table": "QUEUE_MOVES",
+                    "op": "retarget",
+                    "key": _enc(key),
+                    "guard": _enc(value),
+                    "value": None,
+                }
+                out.append(Mutant("QUEUE_MOVES", _name(key), f"{was} :: no move", spec))
+        out.append(_drop("QUEUE_MOVES", key, "row"))
     return out
 
 
@@ -401,6 +448,7 @@ def _set_mutants(m: ModuleType) -> list[Mutant]:
         # A terminal state added to LIVE_STATES is overwritten by the terminal counts in
         # ``statistics()``; NEW is the one plausible wrong member.
         "LIVE_STATES": [E.NEW],
+        "TAKES_BACK": list(Q),
     }
     out: list[Mutant] = []
     for table, extra in additions.items():
@@ -456,6 +504,14 @@ def apply(spec: Mapping[str, Any]) -> None:
             table[key] = _dec(spec["value"])
         elif op == "evolve":
             table[key] = attrs.evolve(table[key], **{k: _dec(v) for k, v in spec["fields"].items()})
+        elif op == "retarget":
+            targets = dict(table[key].targets)
+            guard, value = _dec(spec["guard"]), _dec(spec["value"])
+            if value is None:
+                del targets[guard]
+            else:
+                targets[guard] = value
+            table[key] = attrs.evolve(table[key], targets=MappingProxyType(targets))
         else:
             raise ValueError(f"unknown op {op!r}")
         if isinstance(old, dict):

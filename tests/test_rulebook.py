@@ -1,0 +1,134 @@
+"""The rulebook: only the interpreter writes a state, and only one it looked up.
+
+Walks the source of every runtime module of ``envq`` (the models in ``envq.model`` are
+the machines themselves, the conformance oracle in ``envq.conform`` interprets the same
+tables on its own side) and finds every assignment to an envelope's or the queue's
+state. Each must sit in one of the interpreter's entry routines, and the value written
+must not be a state spelled out in code: it comes from a lookup in ``envq._machine``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import envq
+
+ROOT = Path(envq.__file__).resolve().parent
+#: The interpreter's routines that may write a state: (file, function).
+WRITERS = frozenset(
+    {
+        ("_envelope.py", "__init__"),  # a record's initial state, INITIAL
+        ("_queue.py", "__init__"),  # the initial lifecycle state, INITIAL_QUEUE
+        ("_queue.py", "_set_state"),  # every lifecycle move
+        ("_queue.py", "_admit"),  # the initial envelope state, INITIAL
+        ("_queue.py", "_move"),
+        ("_queue.py", "_enter"),
+        ("_queue.py", "_serve"),  # the dispatch row, resolved once per queue
+    }
+)
+STATE_ATTRS = frozenset({"state", "_state"})
+STATE_ENUMS = frozenset({"EnvState", "QueueState"})
+
+
+def runtime_modules() -> list[Path]:
+    return sorted(
+        p
+        for p in ROOT.rglob("*.py")
+        if p.relative_to(ROOT).parts[0] not in ("model", "conform", "demo")
+    )
+
+
+def _spelled_states(tree: ast.Module) -> set[str]:
+    """Module-level names bound to a state member (``_READY = EnvState.READY``)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and _is_member(node.value, set()):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _is_member(value: ast.expr | None, aliases: set[str]) -> bool:
+    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):
+        return value.value.id in STATE_ENUMS
+    return isinstance(value, ast.Name) and value.id in aliases
+
+
+def state_writes(path: Path) -> list[tuple[str, int, bool]]:
+    """(enclosing function, line, whether the value is a state spelled in code) for each
+    assignment to a ``.state``/``._state`` attribute in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases = _spelled_states(tree)
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, func: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            func = node.name
+        targets: list[ast.expr] = []
+        value: ast.expr | None = None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+            targets, value = [node.target], node.value
+        for target in targets:
+            elements = target.elts if isinstance(target, ast.Tuple) else [target]
+            values = (
+                value.elts
+                if isinstance(value, ast.Tuple) and isinstance(target, ast.Tuple)
+                else [value] * len(elements)
+            )
+            for element, written in zip(elements, values, strict=True):
+                if isinstance(element, ast.Attribute) and element.attr in STATE_ATTRS:
+                    found.append((func, node.lineno, _is_member(written, aliases)))
+        for child in ast.iter_child_nodes(node):
+            visit(child, func)
+
+    visit(tree, "<module>")
+    return found
+
+
+class TestOnlyTheInterpreterWritesStates:
+    """No module besides the interpreter writes an envelope or queue state."""
+
+    def test_every_state_write_is_in_an_entry_routine(self) -> None:
+        """Each assignment to a state sits in one of the interpreter's entry routines."""
+        outside = [
+            f"{path.relative_to(ROOT)}:{line} in {func}()"
+            for path in runtime_modules()
+            for func, line, _spelled in state_writes(path)
+            if (path.relative_to(ROOT).as_posix(), func) not in WRITERS
+        ]
+        assert outside == []
+
+    def test_no_state_is_written_without_a_lookup(self) -> None:
+        """No assignment writes a state spelled in code (a member or an alias of one)."""
+        spelled = [
+            f"{path.relative_to(ROOT)}:{line} in {func}()"
+            for path in runtime_modules()
+            for func, line, is_spelled in state_writes(path)
+            if is_spelled
+        ]
+        assert spelled == []
+
+    def test_the_walk_finds_the_writes(self) -> None:
+        """The walk sees the interpreter's writes (so an empty result means something)."""
+        writes = {func for func, _line, _s in state_writes(ROOT / "_queue.py")}
+        assert {"_enter", "_move", "_set_state", "_serve", "_admit"} <= writes
+
+    @pytest.mark.parametrize(
+        ("source", "spelled"),
+        [
+            ("rec.state = EnvState.PARKED", True),
+            ("_P = EnvState.PARKED\ndef f(rec):\n    rec.state = _P", True),
+            ("def f(self, row):\n    self._state = row.target", False),
+            ("def f(rec, to):\n    a, rec.state = 1, QueueState.INIT", True),
+        ],
+    )
+    def test_the_walk_can_fail(self, tmp_path: Path, source: str, spelled: bool) -> None:
+        """A state written from a constant is caught; one from a lookup is not."""
+        path = tmp_path / "m.py"
+        path.write_text(source + "\n")
+        assert [s for _f, _l, s in state_writes(path)] == [spelled]
