@@ -17,7 +17,6 @@ so ``capacity_used`` is ``len(_live)`` and cannot drift.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import logging
 import math
@@ -30,6 +29,8 @@ from typing import Any, Final, NoReturn, TypeAlias, TypeVar, assert_never, cast
 
 from envq import _checks, _machine
 from envq._attempt import Runner, Threads, Worker
+from envq._config import DeadLetter, QueueConfig
+from envq._entry import check_own_loop, elsewhere, hand_over, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
 from envq._errors import (
     BadEnvelope,
@@ -39,6 +40,7 @@ from envq._errors import (
     TypeBlacklisted,
 )
 from envq._limits import RateLimiter
+from envq._listeners import Listener, Listeners
 from envq._machine import (
     DECISION_TARGET,
     DISPATCHING,
@@ -87,9 +89,7 @@ __all__ = ["Queue", "current_attempt"]
 log = logging.getLogger("envq")
 
 _T = TypeVar("_T")
-#: The running event loop of the calling thread, or None (asyncio's C accelerated
-#: helper: the thread check on ``send``'s path costs one call).
-_running_loop: Final = asyncio._get_running_loop
+_running_loop: Final = running_loop
 
 # Enum members the hot path compares with, as module constants: in Python 3.11 reading
 # a member off its class costs ~150 ns, a global ~20 ns. They name states for the entry
@@ -122,13 +122,10 @@ class _Sched:
     FIXED_RATE: Final = Schedule.FIXED_RATE
 
 
-Listener = Callable[[Event], object]
 _Cause: TypeAlias = BaseException | None
 #: A row of the outcome table resolved for one queue: ``(worker, env, rec, outcome,
 #: cause)`` → the coroutine still to await (a hook), or None when the row is done.
 _Perform: TypeAlias = Callable[[Worker, Envelope, _Rec, Outcome, _Cause], Awaitable[None] | None]
-#: ``dead_letter(env, error)``: plain or ``async def``.
-DeadLetter = Callable[[Envelope, BaseException | None], object]
 
 
 class _Waiter:
@@ -187,28 +184,26 @@ class Queue:
         threads: int | None = None,
         log_unhandled: bool = True,
     ) -> None:
-        _checks.name("Queue: name", name)
-        where = f"Queue {name!r}:"
-        _checks.integer(f"{where} workers", workers, minimum=1)
-        _checks.integer(f"{where} capacity", capacity, minimum=0)
-        _checks.member(f"{where} stop_mode", stop_mode, StopMode)
-        _checks.flag(f"{where} wait", wait)
-        stamps = _checks.stamps(f"{where} stamps", stamps)
-        for label, lim in (("rate", rate), ("limiter", limiter)):
-            if lim is not None:
-                _checks.limiter(f"{where} {label}", lim)
-        if dead_letter is not None:
-            _checks.callable_(f"{where} dead_letter", dead_letter)
-        _checks.instance(f"{where} hook_timeout", hook_timeout, HookTimeout)
-        if threads is not None:
-            _checks.integer(f"{where} threads", threads, minimum=1)
-        _checks.flag(f"{where} log_unhandled", log_unhandled)
+        config = self.config = QueueConfig.checked(
+            name,
+            workers=workers,
+            capacity=capacity,
+            stop_mode=stop_mode,
+            wait=wait,
+            stamps=stamps,
+            rate=rate,
+            limiter=limiter,
+            dead_letter=dead_letter,
+            hook_timeout=hook_timeout,
+            threads=threads,
+            log_unhandled=log_unhandled,
+        )
         self.name: Final = name
         self.workers: Final = workers
         self.capacity: Final = capacity
         self.stop_mode: Final = stop_mode
         self.wait: Final = wait
-        self.stamps: Final[tuple[Stamp, ...]] = stamps
+        self.stamps: Final[tuple[Stamp, ...]] = config.stamps
         self.rate: Final = rate
         self.limiter: Final = limiter
         self.dead_letter: Final = dead_letter
@@ -216,8 +211,6 @@ class Queue:
         self._empty_waiters: list[asyncio.Future[None]] = []
         self.hook_timeout: Final = hook_timeout
         self.log_unhandled: Final = log_unhandled
-        #: Subscribed listeners that count as handling failures.
-        self._handlers = 0
         #: The termination under way (or done), once it had to wait for a stop.
         self._closing: asyncio.Task[list[Envelope]] | None = None
 
@@ -243,8 +236,9 @@ class Queue:
         self._idle: deque[asyncio.Future[bool]] = deque()
         self._epoch = 0
         self._crew: list[Worker] = []
-        self._listeners: list[Listener] = []
-        self._observed = _machine.STRICT
+        self._events = Listeners(name, _machine.STRICT, self._observe_changed)
+        self._listeners = self._events.listeners
+        self._observed = self._events.observed
         self._blacklist: set[str] = set()
         self._waiters: deque[_Waiter] = deque()
         self._run: StopRun | None = None
@@ -263,7 +257,7 @@ class Queue:
         self._deadlines = Deadlines(self._expire)
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
         self._runner = Runner(
-            name, stamps, hook_timeout, self._threads, self._deadlines, self._abandon
+            name, config.stamps, hook_timeout, self._threads, self._deadlines, self._abandon
         )
         #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
@@ -557,23 +551,13 @@ class Queue:
         count as handling failures."""
         if self._elsewhere():
             return self._from_elsewhere(self._listen, listener, handles_failures=handles_failures)
-        self._listeners.append(listener)
-        self._observed = True
-        if handles_failures:
-            self._handlers += 1
-        subscribed = True
+        remove = self._events.add(listener, handles_failures=handles_failures)
 
         def unsubscribe() -> None:
-            nonlocal subscribed
             if self._elsewhere():
-                self._from_elsewhere(unsubscribe)
-                return
-            if subscribed:
-                subscribed = False
-                self._listeners.remove(listener)
-                if handles_failures:
-                    self._handlers -= 1
-            self._observed = bool(self._listeners) or _machine.STRICT
+                self._from_elsewhere(remove)
+            else:
+                remove()
 
         return unsubscribe
 
@@ -1069,7 +1053,7 @@ class Queue:
             elif to is _FAILED:
                 if self.dead_letter is not None:
                     self._to_dead_letter(env, cause)
-                elif self.log_unhandled and env.on_failure is None and not self._handlers:
+                elif self.log_unhandled and env.on_failure is None and not self._events.handlers:
                     log.warning(
                         "queue %r: %s failed and nothing handles it (no on_failure, "
                         "dead_letter or listener): %r",
@@ -1534,49 +1518,21 @@ class Queue:
         return self._bound_loop().time()
 
     def _own_loop(self, method: str) -> None:
-        """Coroutine methods run on the queue's loop only (or, once that loop is
-        closed, anywhere: nothing else can touch the queue then, and ``terminate()``
-        can still hand back what it holds)."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed() and asyncio.get_running_loop() is not loop:
-            raise RuntimeError(
-                f"queue {self.name!r} belongs to another event loop: await {method}() on "
-                f"that loop, e.g. asyncio.run_coroutine_threadsafe(queue.{method}(...), "
-                "queue.loop) from another thread"
-            )
+        check_own_loop(self._loop, self.name, method)
 
     def _elsewhere(self) -> bool:
-        """Whether the caller runs outside the queue's loop while that loop runs (in
-        another thread): a synchronous method must then hand itself to the loop."""
-        loop = self._loop
-        return loop is not None and _running_loop() is not loop and loop.is_running()
+        return elsewhere(self._loop)
 
     def _from_elsewhere(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run a synchronous method on the queue's loop for a caller in another thread
-        (or on another loop), and return its result or raise its error there.
-
-        The caller blocks until the loop has run it. Should the loop stop running
-        before it gets to the call, the call runs in place: a loop that is not running
-        lets nobody else touch the queue."""
         loop = self._loop
         assert loop is not None
-        done: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        return hand_over(loop, fn, *args, **kwargs)
 
-        def call() -> None:
-            if done.set_running_or_notify_cancel():
-                try:
-                    done.set_result(fn(*args, **kwargs))
-                except BaseException as exc:
-                    done.set_exception(exc)
+    def _observe_changed(self, observed: bool) -> None:
+        self._observed = observed
 
-        try:
-            loop.call_soon_threadsafe(call)
-        except RuntimeError:  # closed meanwhile
-            return fn(*args, **kwargs)
-        while not concurrent.futures.wait([done], timeout=0.05).done:
-            if not loop.is_running() and done.cancel():
-                return fn(*args, **kwargs)
-        return done.result()
+    def _emit(self, event: Event) -> None:
+        self._events.emit(event)
 
     def _now(self) -> float:
         """Loop time for events; 0.0 before the queue has seen a loop."""
@@ -1599,12 +1555,6 @@ class Queue:
                 return w
         return None
 
-    def _emit(self, event: Event) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except BaseException:
-                log.exception("queue %r: event listener %r failed", self.name, listener)
 
 
 def current_attempt() -> Attempt | None:

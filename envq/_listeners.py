@@ -1,0 +1,70 @@
+"""A queue's listeners: who is told of every state change, and whether anyone is.
+
+Like trio's instruments: the queue asks :attr:`Listeners.observed` before it builds an
+:class:`envq.Event`, so a queue nobody listens to (and not under ``STRICT``) pays
+nothing for events.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from envq._values import Event
+
+__all__ = ["Listener", "Listeners"]
+
+log = logging.getLogger("envq")
+
+Listener = Callable[[Event], object]
+
+
+class Listeners:
+    """The listeners of one queue, in subscription order.
+
+    ``on_change(observed)`` is called whenever whether anyone observes the queue
+    changes (a first listener, the last one gone); ``strict`` counts as an observer
+    (the queue then checks every move against the tables).
+    """
+
+    __slots__ = ("_name", "_on_change", "_strict", "handlers", "listeners")
+
+    def __init__(self, name: str, strict: bool, on_change: Callable[[bool], None]) -> None:
+        self._name = name
+        self._strict = strict
+        self._on_change = on_change
+        self.listeners: list[Listener] = []
+        #: Subscribed listeners that count as handling failures.
+        self.handlers = 0
+
+    @property
+    def observed(self) -> bool:
+        """Whether moves must be observed: someone listens, or ``STRICT`` is on."""
+        return bool(self.listeners) or self._strict
+
+    def add(self, listener: Listener, *, handles_failures: bool) -> Callable[[], None]:
+        """Subscribe ``listener``; returns the function that unsubscribes it (once)."""
+        self.listeners.append(listener)
+        if handles_failures:
+            self.handlers += 1
+        self._on_change(True)
+        subscribed = True
+
+        def remove() -> None:
+            nonlocal subscribed
+            if subscribed:
+                subscribed = False
+                self.listeners.remove(listener)
+                if handles_failures:
+                    self.handlers -= 1
+                self._on_change(self.observed)
+
+        return remove
+
+    def emit(self, event: Event) -> None:
+        """Call every listener with ``event``; one that raises is logged and skipped."""
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except BaseException:
+                log.exception("queue %r: event listener %r failed", self._name, listener)
