@@ -25,6 +25,7 @@ They are not thread-safe: use one from one event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -38,8 +39,12 @@ __all__ = [
     "MaxOf",
     "RateLimiter",
     "TokenBucket",
+    "ask_limiter",
     "default_limiter",
+    "forget_limiter",
 ]
+
+log = logging.getLogger("envq")
 
 
 @runtime_checkable
@@ -244,3 +249,53 @@ def default_limiter() -> MaxOf:
     envelopes, at most 10 retries at once and 5 per second after that.
     """
     return MaxOf(ExponentialBackoff(1.0, 30.0), TokenBucket(5.0, burst=10))
+
+
+# The queue's side: a limiter is user code, so what it answers is checked.
+
+
+class Labelled(Protocol):
+    """What the queue asks a limiter about: anything that names itself in a log line."""
+
+    def label(self) -> str:
+        """A short description for messages."""
+        ...
+
+
+def ask_limiter(name: str, limiter: RateLimiter, env: Labelled, role: str) -> float:
+    """``limiter.when(env)`` as seconds to wait; a limiter that raises or answers
+    with something other than a finite number >= 0 is logged and means 0."""
+    try:
+        wait = limiter.when(env)
+        if wait.__class__ is float or wait.__class__ is int:
+            if 0 <= wait < math.inf:
+                return wait
+        elif isinstance(wait, int | float) and not isinstance(wait, bool):
+            wait = float(wait)
+            if 0 <= wait < math.inf:
+                return wait
+        log.error(
+            "queue %r: %s limiter %r answered %r for %s, not a number of seconds (0 used)",
+            name,
+            role,
+            limiter,
+            wait,
+            env.label(),
+        )
+    except BaseException:
+        log.exception(
+            "queue %r: %s limiter %r failed for %s (0 used)",
+            name,
+            role,
+            limiter,
+            env.label(),
+        )
+    return 0.0
+
+
+def forget_limiter(name: str, limiter: RateLimiter, env: Labelled) -> None:
+    """``limiter.forget(env)``; a limiter that raises is logged."""
+    try:
+        limiter.forget(env)
+    except BaseException:
+        log.exception("queue %r: limiter %r failed to forget %s", name, limiter, env.label())

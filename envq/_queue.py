@@ -23,9 +23,9 @@ import math
 import time
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, NoReturn, TypeAlias, TypeVar, assert_never, cast
+from typing import Any, Final, NoReturn, TypeVar, assert_never, cast
 
 from envq import _checks, _machine
 from envq._attempt import Runner, Threads, Worker
@@ -36,13 +36,11 @@ from envq._errors import (
     BadEnvelope,
     CapacityExceeded,
     EnvqError,
-    MaxRetriesExceeded,
     TypeBlacklisted,
 )
-from envq._limits import RateLimiter
+from envq._limits import RateLimiter, ask_limiter, forget_limiter
 from envq._listeners import Listener, Listeners
 from envq._machine import (
-    DECISION_TARGET,
     DISPATCHING,
     ENVELOPE_MOVES,
     FAULT_TARGET,
@@ -51,26 +49,21 @@ from envq._machine import (
     KIND_OF,
     LIFECYCLE,
     OUTCOMES,
-    PARK_INSTEAD,
     QUEUE_MOVES,
-    RELABEL,
     SETTLED,
-    SHELVE_TARGET,
     STAYING,
-    Action,
     Arrival,
     CancelCause,
-    DecisionKind,
     EnvEvent,
     EnvState,
     Kind,
     LifeAction,
     LifeRow,
     Outcome,
-    OutcomeRow,
     QueueCall,
     QueueState,
 )
+from envq._outcomes import Perform, Settler
 from envq._stats import Counters, StopRun, report
 from envq._timers import Deadlines, DelayHeap
 from envq._values import (
@@ -78,7 +71,6 @@ from envq._values import (
     Event,
     HookTimeout,
     Rejection,
-    Schedule,
     Statistics,
     StopMode,
     StopReport,
@@ -111,21 +103,6 @@ _DUE: Final = EnvEvent.DUE
 _EV_SEND: Final = EnvEvent.SEND
 _PERIODIC: Final = Kind.PERIODIC
 _INF: Final = math.inf
-
-
-class _Sched:
-    """``Schedule`` members as plain class attributes, for ``match`` value patterns: on
-    Python 3.11 ``EnumType.__getattr__`` makes every ``Schedule.X`` read slow (~60 ns),
-    and a ``case`` reads one per pattern tried."""
-
-    FIXED_DELAY: Final = Schedule.FIXED_DELAY
-    FIXED_RATE: Final = Schedule.FIXED_RATE
-
-
-_Cause: TypeAlias = BaseException | None
-#: A row of the outcome table resolved for one queue: ``(worker, env, rec, outcome,
-#: cause)`` → the coroutine still to await (a hook), or None when the row is done.
-_Perform: TypeAlias = Callable[[Worker, Envelope, _Rec, Outcome, _Cause], Awaitable[None] | None]
 
 
 class _Waiter:
@@ -249,16 +226,26 @@ class Queue:
         self._seq = 0
         self._counts = Counters()
         self._outcome_counts = self._counts.outcomes
-        #: The outcome table as this queue performs it (see _resolve).
-        self._plan: dict[Kind, dict[Outcome, _Perform]] = {kind: {} for kind in Kind}
-        for (kind, outcome), row in OUTCOMES.items():
-            self._plan[kind][outcome] = self._resolve(row)
         self._delays = DelayHeap(self, self._due)
         self._deadlines = Deadlines(self._expire)
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
         self._runner = Runner(
             name, config.stamps, hook_timeout, self._threads, self._deadlines, self._abandon
         )
+        self._settler = Settler(
+            name,
+            limiter=limiter,
+            runner=self._runner,
+            enter=self._enter,
+            queue_state=lambda: self._state,
+            live=self._live,
+            ready=self._ready,
+            blacklist=self._blacklist,
+        )
+        #: The outcome table as this queue performs it (see Settler.resolve).
+        self._plan: dict[Kind, dict[Outcome, Perform]] = {kind: {} for kind in Kind}
+        for (kind, outcome), row in OUTCOMES.items():
+            self._plan[kind][outcome] = self._settler.resolve(row)
         #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
 
@@ -1047,7 +1034,7 @@ class Queue:
             if rec.tick:
                 self._delays.drop(rec)
             if self.limiter is not None:
-                self._limiter_forget(env)
+                forget_limiter(self.name, self.limiter, env)
             if to is _RETURNED:
                 self._handed.append((rec.seq, env))
             elif to is _FAILED:
@@ -1074,74 +1061,6 @@ class Queue:
     def _due(self, env: Envelope, rec: _Rec) -> None:
         """The delay heap's call: ``env``'s time has come."""
         self._enter(env, rec, _DUE, self._due_to)
-
-    def _ask_limiter(self, limiter: RateLimiter, env: Envelope, role: str) -> float:
-        """``limiter.when(env)`` as seconds to wait; a limiter that raises or answers
-        with something other than a finite number >= 0 is logged and means 0."""
-        try:
-            wait = limiter.when(env)
-            if wait.__class__ is float or wait.__class__ is int:
-                if 0 <= wait < math.inf:
-                    return wait
-            elif isinstance(wait, int | float) and not isinstance(wait, bool):
-                wait = float(wait)
-                if 0 <= wait < math.inf:
-                    return wait
-            log.error(
-                "queue %r: %s limiter %r answered %r for %s, not a number of seconds (0 used)",
-                self.name,
-                role,
-                limiter,
-                wait,
-                env.label(),
-            )
-        except BaseException:
-            log.exception(
-                "queue %r: %s limiter %r failed for %s (0 used)",
-                self.name,
-                role,
-                limiter,
-                env.label(),
-            )
-        return 0.0
-
-    def _limiter_forget(self, env: Envelope) -> None:
-        """``limiter.forget(env)``; a limiter that raises is logged."""
-        assert self.limiter is not None
-        try:
-            self.limiter.forget(env)
-        except BaseException:
-            log.exception(
-                "queue %r: limiter %r failed to forget %s", self.name, self.limiter, env.label()
-            )
-
-    def _requeue(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        outcome: Outcome,
-        to: EnvState,
-        delay: float,
-        cause: BaseException | None,
-        at: float | None = None,
-        *,
-        retry: bool,
-    ) -> None:
-        """Perform the end of a row that may put ``env`` back (``to``: READY or DELAYED,
-        or an end state): where it lands is ``_machine.put_back``'s.
-
-        ``at``: the loop time ``delay`` stands for, when it is a grid point. ``retry``:
-        the row's ``limited`` flag — a failure retry waits at least
-        ``limiter.when(env)``, and a READY retry that must wait becomes DELAYED.
-        """
-        limited = False
-        if retry and self.limiter is not None and to in PARK_INSTEAD:
-            wait = self._ask_limiter(self.limiter, env, "retry")
-            if wait > delay:
-                delay, at = wait, None
-            limited = delay > 0
-        to = _machine.put_back(to, limited=limited, queue=self._state)
-        self._enter(env, rec, outcome, to, delay, cause, at)
 
     # ----------------------------------------------------------------------------------
     # Workers and attempts
@@ -1185,7 +1104,7 @@ class Queue:
                     return
                 continue
             if rate is not None and not paid:
-                wait = self._ask_limiter(rate, ready[0], "rate")
+                wait = ask_limiter(self.name, rate, ready[0], "rate")
                 if wait > 0:
                     paid = True
                     await asyncio.sleep(wait)
@@ -1299,206 +1218,6 @@ class Queue:
             cause=CancelCause.STOP,
         )
 
-    def _next_run(self, env: Envelope, rec: _Rec) -> tuple[float, float | None]:
-        """Seconds from now to the envelope's next periodic run, and for FIXED_RATE
-        the grid point itself (the loop time to be due at, so that the time spent
-        rescheduling is not added to the grid run after run)."""
-        match env.schedule:
-            case _Sched.FIXED_DELAY:
-                return env.interval, None
-            case _Sched.FIXED_RATE:
-                now = self._clock()
-                slot = rec.due + (math.floor((now - rec.due) / env.interval) + 1) * env.interval
-                return slot - now, slot
-            case _:
-                assert_never(env.schedule)
-
-    # ----------------------------------------------------------------------------------
-    # The outcome interpreter
-    # ----------------------------------------------------------------------------------
-
-    def _resolve(self, row: OutcomeRow) -> _Perform:
-        """A row of the outcome table as this queue performs it: the row's action with
-        its target bound (one exhaustive ``match``, run once per row when the queue is
-        made; the worker calls the result for every attempt)."""
-        target = row.target
-        limited = row.limited
-        enter = self._enter
-        match row.action:
-            case Action.SUCCEED:
-
-                def succeed(
-                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
-                ) -> Awaitable[None] | None:
-                    if env.on_success is not None:
-                        return self._succeed(w, env, rec, outcome, target)
-                    enter(env, rec, outcome, target)
-                    return None
-
-                return succeed
-            case Action.RESCHEDULE:
-
-                def reschedule(
-                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
-                ) -> Awaitable[None] | None:
-                    if env.on_success is not None:
-                        return self._reschedule(w, env, rec, outcome, target, limited)
-                    self._rescheduled(env, rec, outcome, target, limited)
-                    return None
-
-                return reschedule
-            case Action.DECIDE:
-                return lambda w, env, rec, outcome, cause: self._decide(
-                    w, env, rec, outcome, target, cause, limited
-                )
-            case Action.DECIDE_PERIODIC:
-                return lambda w, env, rec, outcome, cause: self._decide_periodic(
-                    w, env, rec, outcome, target, cause, limited
-                )
-            case Action.REPORT_FAILURE:
-                return lambda w, env, rec, outcome, cause: self._report_failure(
-                    w, env, rec, outcome, target, cause
-                )
-            case Action.END:
-
-                def end(
-                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
-                ) -> None:
-                    enter(env, rec, outcome, target, cause=cause)
-
-                return end
-            case Action.BLACKLIST:
-
-                def blacklist(
-                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
-                ) -> None:
-                    self._blacklist_type(env)
-                    enter(env, rec, outcome, target, cause=cause)
-
-                return blacklist
-            case Action.SHELVE:
-
-                def shelve(
-                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
-                ) -> None:
-                    assert w.cancel_cause is not None
-                    enter(env, rec, outcome, SHELVE_TARGET[w.cancel_cause], cause=cause)
-
-                return shelve
-            case _:
-                assert_never(row.action)
-
-    async def _succeed(
-        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState
-    ) -> None:
-        await self._runner.on_success(w, env)
-        self._enter(env, rec, outcome, target)
-
-    async def _reschedule(
-        self,
-        w: Worker,
-        env: Envelope,
-        rec: _Rec,
-        outcome: Outcome,
-        target: EnvState,
-        limited: bool,
-    ) -> None:
-        await self._runner.on_success(w, env)
-        self._rescheduled(env, rec, outcome, target, limited)
-
-    def _rescheduled(
-        self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState, limited: bool
-    ) -> None:
-        rec.failures = 0
-        if self.limiter is not None:
-            self._limiter_forget(env)
-        delay, at = self._next_run(env, rec)
-        self._requeue(env, rec, outcome, target, delay, None, at, retry=limited)
-
-    async def _decide_periodic(
-        self,
-        w: Worker,
-        env: Envelope,
-        rec: _Rec,
-        outcome: Outcome,
-        target: EnvState,
-        cause: BaseException | None,
-        limited: bool,
-    ) -> None:
-        """Periodic failure: on_failure's decision if set, else the next interval."""
-        rec.failures += 1
-        at: float | None = None
-        if env.on_failure is None:
-            to = target
-            delay, at = self._next_run(env, rec)
-        else:
-            decision = await self._runner.on_failure(w, env, cause, rec.failures)
-            to, delay = DECISION_TARGET[decision.kind], decision.delay
-        self._requeue(env, rec, outcome, to, delay, cause, at, retry=limited)
-
-    async def _report_failure(
-        self,
-        w: Worker,
-        env: Envelope,
-        rec: _Rec,
-        outcome: Outcome,
-        target: EnvState,
-        cause: BaseException | None,
-    ) -> None:
-        if env.on_failure is not None:
-            await self._runner.on_failure(w, env, cause, self._attempt_no(rec))
-        self._enter(env, rec, outcome, target, cause=cause)
-
-    @staticmethod
-    def _attempt_no(rec: _Rec) -> int:
-        return rec.failures + 1 if rec.kind is _PERIODIC else rec.attempts
-
-    async def _decide(
-        self,
-        w: Worker,
-        env: Envelope,
-        rec: _Rec,
-        outcome: Outcome,
-        target: EnvState,
-        cause: BaseException | None,
-        limited: bool,
-    ) -> None:
-        """One-off failure: on_failure's decision, else the Retry policy, else drop."""
-        attempt = rec.attempts
-        to, delay = target, 0.0
-        if env.on_failure is not None:
-            decision = await self._runner.on_failure(w, env, cause, attempt)
-            to, delay = DECISION_TARGET[decision.kind], decision.delay
-        elif env.retry is not None:
-            retry = env.retry
-            if retry.allows(attempt):
-                to, delay = DECISION_TARGET[DecisionKind.RETRY_AFTER], retry.delay(attempt)
-            else:
-                exhausted = MaxRetriesExceeded(
-                    f"queue {self.name!r}: {env.label()} failed {attempt} of "
-                    f"{retry.attempts} attempts"
-                )
-                exhausted.__cause__ = cause
-                cause = exhausted
-        self._requeue(env, rec, outcome, to, delay, cause, retry=limited)
-
-    def _blacklist_type(self, culprit: Envelope) -> None:
-        kind = culprit.type
-        self._blacklist.add(kind)
-        victims = [
-            (env, rec) for env, rec in self._live.items() if env.type == kind and env is not culprit
-        ]
-        if any(rec.state is _READY for _env, rec in victims):
-            kept = [env for env in self._ready if env.type != kind]
-            self._ready.clear()
-            self._ready.extend(kept)
-        for env, rec in victims:
-            to = _machine.queue_move(rec.state, EnvEvent.BLACKLIST)
-            if to is None:  # in flight: its attempt ends by the relabelled rows
-                rec.kind = RELABEL[EnvEvent.BLACKLIST]
-            else:
-                self._enter(env, rec, EnvEvent.BLACKLIST, to)
-
     # ----------------------------------------------------------------------------------
     # Helpers
     # ----------------------------------------------------------------------------------
@@ -1512,6 +1231,7 @@ class Queue:
             self._delays.bind(loop)
             self._deadlines.bind(loop)
             self._runner.bind(loop)
+            self._settler.bind(loop)
         return loop
 
     def _unbound_clock(self) -> float:
@@ -1554,7 +1274,6 @@ class Queue:
             if w.env is env:
                 return w
         return None
-
 
 
 def current_attempt() -> Attempt | None:

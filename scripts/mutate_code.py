@@ -186,21 +186,21 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-limiter-overrides-decision",
-        "_queue.py",
+        "_outcomes.py",
         "            if wait > delay:\n                delay, at = wait, None\n",
         "            delay, at = wait, None\n",
         "the retry limiter's wait replaces the decided delay instead of being a minimum",
     ),
     _m(
         "queue-limiter-ready-retry-not-delayed",
-        "_queue.py",
+        "_outcomes.py",
         "            limited = delay > 0\n",
         "            limited = False\n",
         "a retry_now that the limiter says must wait still runs at once",
     ),
     _m(
         "queue-limiter-on-success",
-        "_queue.py",
+        "_outcomes.py",
         "        if retry and self.limiter is not None and to in PARK_INSTEAD:\n",
         "        if self.limiter is not None and to in PARK_INSTEAD:\n",
         "a periodic envelope's successful runs are spaced by the failure limiter too",
@@ -214,7 +214,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-fixed-rate-burst",
-        "_queue.py",
+        "_outcomes.py",
         "                slot = rec.due + (math.floor((now - rec.due) / env.interval) + 1)"
         " * env.interval\n",
         "                slot = rec.due + env.interval\n",
@@ -224,7 +224,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
         "queue-terminal-no-forget",
         "_queue.py",
         "            if rec.tick:\n                self._delays.drop(rec)\n"
-        "            if self.limiter is not None:\n                self._limiter_forget(env)\n",
+        "            if self.limiter is not None:\n"
+        "                forget_limiter(self.name, self.limiter, env)\n",
         "            if rec.tick:\n                self._delays.drop(rec)\n",
         "the retry limiter is never told to forget an envelope that ended",
     ),
@@ -238,7 +239,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-unhandled-ignores-listeners",
         "_queue.py",
-        "env.on_failure is None and not self._handlers:",
+        "env.on_failure is None and not self._events.handlers:",
         "env.on_failure is None:",
         "a failure is logged as unhandled although a listener handles it",
     ),
@@ -286,30 +287,30 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-retry-off-by-one",
-        "_queue.py",
+        "_outcomes.py",
         "            if retry.allows(attempt):\n",
         "            if retry.allows(attempt + 1):\n",
         "the Retry policy allows one attempt fewer than configured",
     ),
     _m(
         "queue-max-retries-no-cause",
-        "_queue.py",
+        "_outcomes.py",
         "                exhausted.__cause__ = cause\n",
         "",
         "MaxRetriesExceeded does not carry the last error as __cause__",
     ),
     _m(
         "queue-periodic-failures-not-reset",
-        "_queue.py",
+        "_outcomes.py",
         "        rec.failures = 0\n        if self.limiter is not None:\n"
-        "            self._limiter_forget(env)\n        delay, at = self._next_run(env, rec)\n",
+        "            forget_limiter(self.name, self.limiter, env)\n",
         "        if self.limiter is not None:\n"
-        "            self._limiter_forget(env)\n        delay, at = self._next_run(env, rec)\n",
+        "            forget_limiter(self.name, self.limiter, env)\n",
         "a periodic envelope's consecutive-failure count is not reset by an OK run",
     ),
     _m(
         "queue-blacklist-leaves-ready",
-        "_queue.py",
+        "_outcomes.py",
         "        if any(rec.state is _READY for _env, rec in victims):\n",
         "        if False:\n",
         "StopType leaves the blacklisted type's READY envelopes in the ready queue",

@@ -1,0 +1,351 @@
+"""The outcome interpreter: what the end of an attempt does, row by row.
+
+Each row of ``OUTCOMES`` is resolved once per queue (:meth:`Settler.resolve`) into its
+action with its target bound; the worker calls the result at the end of every attempt.
+The actions run the ``on_success``/``on_failure`` hooks, take the failure decision
+(``on_failure``'s answer, else the ``Retry`` policy), compute the next delay (interval,
+FIXED_RATE grid, backoff, the failure limiter's wait) and hand the envelope to the
+queue's ``enter`` callback with the target the tables give. The interpreter holds no
+envelope: the queue's live set, ready deque and blacklist are lent to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Final, Protocol, TypeAlias, assert_never
+
+from envq import _machine
+from envq._attempt import Runner, Worker
+from envq._envelope import Envelope, _Rec
+from envq._errors import MaxRetriesExceeded
+from envq._limits import RateLimiter, ask_limiter, forget_limiter
+from envq._machine import (
+    DECISION_TARGET,
+    PARK_INSTEAD,
+    RELABEL,
+    SHELVE_TARGET,
+    Action,
+    DecisionKind,
+    EnvEvent,
+    EnvState,
+    Kind,
+    Outcome,
+    OutcomeRow,
+    QueueState,
+)
+from envq._values import Schedule
+
+__all__ = ["Enter", "Perform", "Settler"]
+
+_READY: Final = EnvState.READY
+_RUNNING_E: Final = EnvState.RUNNING
+_PERIODIC: Final = Kind.PERIODIC
+
+_Cause: TypeAlias = BaseException | None
+#: A row of the outcome table resolved for one queue: ``(worker, env, rec, outcome,
+#: cause)`` → the coroutine still to await (a hook), or None when the row is done.
+Perform: TypeAlias = Callable[[Worker, Envelope, _Rec, Outcome, _Cause], Awaitable[None] | None]
+
+
+class Enter(Protocol):
+    """The queue's entry routine: move ``env`` into ``to`` and do that state's work."""
+
+    def __call__(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        delay: float = 0.0,
+        cause: BaseException | None = None,
+        at: float | None = None,
+    ) -> None: ...
+
+
+class _Sched:
+    """``Schedule`` members as plain class attributes, for ``match`` value patterns: on
+    Python 3.11 ``EnumType.__getattr__`` makes every ``Schedule.X`` read slow (~60 ns),
+    and a ``case`` reads one per pattern tried."""
+
+    FIXED_DELAY: Final = Schedule.FIXED_DELAY
+    FIXED_RATE: Final = Schedule.FIXED_RATE
+
+
+class Settler:
+    """Performs the outcome rows for one queue.
+
+    :param enter: the queue's entry routine (every move goes through it).
+    :param queue_state: the queue's lifecycle state now (a move back into a queue that
+        is not RUNNING parks).
+    :param live: the queue's live envelopes; ``ready``: its ready deque;
+        ``blacklist``: its blacklisted types (all lent, never replaced).
+    """
+
+    __slots__ = (
+        "_clock",
+        "_enter",
+        "_queue_state",
+        "_runner",
+        "blacklist",
+        "limiter",
+        "live",
+        "name",
+        "ready",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        limiter: RateLimiter | None,
+        runner: Runner,
+        enter: Enter,
+        queue_state: Callable[[], QueueState],
+        live: dict[Envelope, _Rec],
+        ready: deque[Envelope],
+        blacklist: set[str],
+    ) -> None:
+        self.name = name
+        self.limiter = limiter
+        self._runner = runner
+        self._enter = enter
+        self._queue_state = queue_state
+        self.live = live
+        self.ready = ready
+        self.blacklist = blacklist
+        self._clock: Callable[[], float] = _unbound
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the time from ``loop`` from now on."""
+        self._clock = loop.time
+
+    def resolve(self, row: OutcomeRow) -> Perform:
+        """A row of the outcome table as this queue performs it: the row's action with
+        its target bound (one exhaustive ``match``, run once per row when the queue is
+        made; the worker calls the result for every attempt)."""
+        target = row.target
+        limited = row.limited
+        enter = self._enter
+        match row.action:
+            case Action.SUCCEED:
+
+                def succeed(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> Awaitable[None] | None:
+                    if env.on_success is not None:
+                        return self._succeed(w, env, rec, outcome, target)
+                    enter(env, rec, outcome, target)
+                    return None
+
+                return succeed
+            case Action.RESCHEDULE:
+
+                def reschedule(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> Awaitable[None] | None:
+                    if env.on_success is not None:
+                        return self._reschedule(w, env, rec, outcome, target, limited)
+                    self._rescheduled(env, rec, outcome, target, limited)
+                    return None
+
+                return reschedule
+            case Action.DECIDE:
+                return lambda w, env, rec, outcome, cause: self._decide(
+                    w, env, rec, outcome, target, cause, limited
+                )
+            case Action.DECIDE_PERIODIC:
+                return lambda w, env, rec, outcome, cause: self._decide_periodic(
+                    w, env, rec, outcome, target, cause, limited
+                )
+            case Action.REPORT_FAILURE:
+                return lambda w, env, rec, outcome, cause: self._report_failure(
+                    w, env, rec, outcome, target, cause
+                )
+            case Action.END:
+
+                def end(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> None:
+                    enter(env, rec, outcome, target, cause=cause)
+
+                return end
+            case Action.BLACKLIST:
+
+                def blacklist(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> None:
+                    self.blacklist_type(env)
+                    enter(env, rec, outcome, target, cause=cause)
+
+                return blacklist
+            case Action.SHELVE:
+
+                def shelve(
+                    w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+                ) -> None:
+                    assert w.cancel_cause is not None
+                    enter(env, rec, outcome, SHELVE_TARGET[w.cancel_cause], cause=cause)
+
+                return shelve
+            case _:
+                assert_never(row.action)
+
+    async def _succeed(
+        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState
+    ) -> None:
+        await self._runner.on_success(w, env)
+        self._enter(env, rec, outcome, target)
+
+    async def _reschedule(
+        self,
+        w: Worker,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        target: EnvState,
+        limited: bool,
+    ) -> None:
+        await self._runner.on_success(w, env)
+        self._rescheduled(env, rec, outcome, target, limited)
+
+    def _rescheduled(
+        self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState, limited: bool
+    ) -> None:
+        rec.failures = 0
+        if self.limiter is not None:
+            forget_limiter(self.name, self.limiter, env)
+        delay, at = self._next_run(env, rec)
+        self._requeue(env, rec, outcome, target, delay, None, at, retry=limited)
+
+    async def _decide_periodic(
+        self,
+        w: Worker,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        target: EnvState,
+        cause: BaseException | None,
+        limited: bool,
+    ) -> None:
+        """Periodic failure: on_failure's decision if set, else the next interval."""
+        rec.failures += 1
+        at: float | None = None
+        if env.on_failure is None:
+            to = target
+            delay, at = self._next_run(env, rec)
+        else:
+            decision = await self._runner.on_failure(w, env, cause, rec.failures)
+            to, delay = DECISION_TARGET[decision.kind], decision.delay
+        self._requeue(env, rec, outcome, to, delay, cause, at, retry=limited)
+
+    async def _report_failure(
+        self,
+        w: Worker,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        target: EnvState,
+        cause: BaseException | None,
+    ) -> None:
+        if env.on_failure is not None:
+            await self._runner.on_failure(w, env, cause, self._attempt_no(rec))
+        self._enter(env, rec, outcome, target, cause=cause)
+
+    @staticmethod
+    def _attempt_no(rec: _Rec) -> int:
+        return rec.failures + 1 if rec.kind is _PERIODIC else rec.attempts
+
+    async def _decide(
+        self,
+        w: Worker,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        target: EnvState,
+        cause: BaseException | None,
+        limited: bool,
+    ) -> None:
+        """One-off failure: on_failure's decision, else the Retry policy, else drop."""
+        attempt = rec.attempts
+        to, delay = target, 0.0
+        if env.on_failure is not None:
+            decision = await self._runner.on_failure(w, env, cause, attempt)
+            to, delay = DECISION_TARGET[decision.kind], decision.delay
+        elif env.retry is not None:
+            retry = env.retry
+            if retry.allows(attempt):
+                to, delay = DECISION_TARGET[DecisionKind.RETRY_AFTER], retry.delay(attempt)
+            else:
+                exhausted = MaxRetriesExceeded(
+                    f"queue {self.name!r}: {env.label()} failed {attempt} of "
+                    f"{retry.attempts} attempts"
+                )
+                exhausted.__cause__ = cause
+                cause = exhausted
+        self._requeue(env, rec, outcome, to, delay, cause, retry=limited)
+
+    def blacklist_type(self, culprit: Envelope) -> None:
+        kind = culprit.type
+        self.blacklist.add(kind)
+        victims = [
+            (env, rec) for env, rec in self.live.items() if env.type == kind and env is not culprit
+        ]
+        if any(rec.state is _READY for _env, rec in victims):
+            kept = [env for env in self.ready if env.type != kind]
+            self.ready.clear()
+            self.ready.extend(kept)
+        for env, rec in victims:
+            to = _machine.queue_move(rec.state, EnvEvent.BLACKLIST)
+            if to is None:  # in flight: its attempt ends by the relabelled rows
+                rec.kind = RELABEL[EnvEvent.BLACKLIST]
+            else:
+                self._enter(env, rec, EnvEvent.BLACKLIST, to)
+
+    def _requeue(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        outcome: Outcome,
+        to: EnvState,
+        delay: float,
+        cause: BaseException | None,
+        at: float | None = None,
+        *,
+        retry: bool,
+    ) -> None:
+        """Perform the end of a row that may put ``env`` back (``to``: READY or DELAYED,
+        or an end state): where it lands is ``_machine.put_back``'s.
+
+        ``at``: the loop time ``delay`` stands for, when it is a grid point. ``retry``:
+        the row's ``limited`` flag — a failure retry waits at least
+        ``limiter.when(env)``, and a READY retry that must wait becomes DELAYED.
+        """
+        limited = False
+        if retry and self.limiter is not None and to in PARK_INSTEAD:
+            wait = ask_limiter(self.name, self.limiter, env, "retry")
+            if wait > delay:
+                delay, at = wait, None
+            limited = delay > 0
+        to = _machine.put_back(to, limited=limited, queue=self._queue_state())
+        self._enter(env, rec, outcome, to, delay, cause, at)
+
+    def _next_run(self, env: Envelope, rec: _Rec) -> tuple[float, float | None]:
+        """Seconds from now to the envelope's next periodic run, and for FIXED_RATE
+        the grid point itself (the loop time to be due at, so that the time spent
+        rescheduling is not added to the grid run after run)."""
+        match env.schedule:
+            case _Sched.FIXED_DELAY:
+                return env.interval, None
+            case _Sched.FIXED_RATE:
+                now = self._clock()
+                slot = rec.due + (math.floor((now - rec.due) / env.interval) + 1) * env.interval
+                return slot - now, slot
+            case _:
+                assert_never(env.schedule)
+
+
+def _unbound() -> float:
+    raise RuntimeError("the queue is not bound to an event loop yet")
