@@ -25,34 +25,26 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, NoReturn, TypeVar, assert_never, cast
+from typing import Any, Final, TypeVar, assert_never, cast
 
 from envq import _checks, _machine
+from envq._admission import Admission
 from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
 from envq._entry import check_own_loop, elsewhere, hand_over, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
-from envq._errors import (
-    BadEnvelope,
-    CapacityExceeded,
-    EnvqError,
-    TypeBlacklisted,
-)
 from envq._limits import RateLimiter, ask_limiter, forget_limiter
 from envq._listeners import Listener, Listeners
 from envq._machine import (
     DISPATCHING,
     ENVELOPE_MOVES,
     FAULT_TARGET,
-    INITIAL,
     INITIAL_QUEUE,
-    KIND_OF,
     LIFECYCLE,
     OUTCOMES,
     QUEUE_MOVES,
     SETTLED,
     STAYING,
-    Arrival,
     CancelCause,
     EnvEvent,
     EnvState,
@@ -103,14 +95,6 @@ _DUE: Final = EnvEvent.DUE
 _EV_SEND: Final = EnvEvent.SEND
 _PERIODIC: Final = Kind.PERIODIC
 _INF: Final = math.inf
-
-
-class _Waiter:
-    __slots__ = ("envs", "fut")
-
-    def __init__(self, envs: tuple[Envelope, ...], fut: asyncio.Future[None]) -> None:
-        self.envs = envs
-        self.fut = fut
 
 
 _TASKS: set[asyncio.Task[Any]] = set()
@@ -195,9 +179,6 @@ class Queue:
         # The queue-side rows the hot path performs, resolved once (QUEUE_MOVES): where
         # a sent envelope goes (buffered, or armed by whether it must wait), where a
         # due one goes, where a dispatched one goes.
-        arrive = QUEUE_MOVES[(INITIAL, EnvEvent.SEND)].targets
-        self._buffered_to = arrive[Arrival.BUFFER]
-        self._admitted_to = {False: arrive[Arrival.NOW], True: arrive[Arrival.LATER]}
         self._due_to = QUEUE_MOVES[(_DELAYED, EnvEvent.DUE)].targets[None]
         self._dispatch_to = QUEUE_MOVES[(_READY, EnvEvent.DISPATCH)].targets[None]
         #: The terminal states (TERMINAL_STATES), read once.
@@ -217,13 +198,11 @@ class Queue:
         self._listeners = self._events.listeners
         self._observed = self._events.observed
         self._blacklist: set[str] = set()
-        self._waiters: deque[_Waiter] = deque()
         self._run: StopRun | None = None
         self._last_report = StopReport()
         self._stopped_waiters: list[asyncio.Future[None]] = []
         #: (admission number, envelope) handed back by the terminate under way.
         self._handed: list[tuple[int, Envelope]] = []
-        self._seq = 0
         self._counts = Counters()
         self._outcome_counts = self._counts.outcomes
         self._delays = DelayHeap(self, self._due)
@@ -232,6 +211,21 @@ class Queue:
         self._runner = Runner(
             name, config.stamps, hook_timeout, self._threads, self._deadlines, self._abandon
         )
+        self._admission = Admission(
+            name,
+            capacity,
+            owner=self,
+            live=self._live,
+            blacklist=self._blacklist,
+            counts=self._counts,
+            enter=self._enter,
+            first_delay=self._first_delay,
+            send_row=lambda: self._send_row,
+            refuse_state=lambda row, batch: self._life(row, QueueCall.SEND, batch),
+        )
+        self._waiters = self._admission.waiters
+        self._admit = self._admission.admit
+        self._pump = self._admission.pump
         self._settler = Settler(
             name,
             limiter=limiter,
@@ -338,37 +332,7 @@ class Queue:
         batch = envelopes
         if not self._waiters and self._admit(batch, True):
             return
-        distinct = {
-            id(env) for env in batch if not (isinstance(env, Envelope) and env._rec.owner is self)
-        }
-        if self.capacity and len(distinct) > self.capacity:
-            self._counts.rejections[Rejection.CAPACITY] += 1
-            raise CapacityExceeded(
-                f"queue {self.name!r}: a batch of {len(distinct)} envelopes can never fit "
-                f"capacity {self.capacity}"
-            )
-        # Woken (first come, first served) when the batch fits or would be refused, the
-        # producer admits it itself: a producer cancelled or timed out after being woken
-        # has admitted nothing, and the next one is woken instead.
-        loop = self._bound_loop()
-        waiter = _Waiter(batch, loop.create_future())
-        self._waiters.append(waiter)
-        try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    await waiter.fut
-                    if self._admit(batch, True):
-                        return
-                    waiter.fut = loop.create_future()
-        except TimeoutError:
-            self._counts.rejections[Rejection.CAPACITY] += 1
-            raise CapacityExceeded(
-                f"queue {self.name!r}: no room for {len(batch)} envelope(s) within "
-                f"{timeout!r} s (capacity {self.capacity})"
-            ) from None
-        finally:
-            self._waiters.remove(waiter)
-            self._pump()
+        await self._admission.wait(batch, timeout, self._bound_loop())
 
     async def stop(
         self, mode: StopMode | None = None, cancel: bool = False, wait: bool | None = None
@@ -824,107 +788,6 @@ class Queue:
             self._state in SETTLED,
         )
 
-    # ----------------------------------------------------------------------------------
-    # Admission
-    # ----------------------------------------------------------------------------------
-
-    def _admit(self, items: Sequence[Envelope], waiting: bool, buffer: bool = False) -> bool:
-        """Run send's checks and admit the batch (into the pre-start buffer when
-        ``buffer``); False if a waiter must keep waiting."""
-        if waiting:
-            row = LIFECYCLE[(self._state, QueueCall.SEND)]
-            if row.action is LifeAction.REJECT:
-                self._life(row, QueueCall.SEND, items)
-            buffer = row.action is LifeAction.BUFFER
-        dedups = 0
-        blacklist = self._blacklist
-        for env in items:
-            # One pass for the common case; anything wrong → the ordered checks.
-            if env.__class__ is not Envelope and not isinstance(env, Envelope):
-                self._refuse(items)
-            if blacklist and env.type in blacklist:
-                self._refuse(items)
-            owner = env._rec.owner
-            if owner is not None:
-                if owner is not self:
-                    self._refuse(items)
-                dedups += 1
-        # Usually every envelope is new and the batch is admitted as it came.
-        fresh = items
-        if dedups:
-            fresh = [env for env in fresh if env._rec.owner is None]
-        # A batch may name an envelope twice: the second is a dedup, found below as
-        # already owned (cheaper than making the batch unique up front).
-        if fresh and self.capacity:
-            count = len(fresh)
-            if count > 1 and len(self._live) + count > self.capacity:
-                count = len(set(fresh))
-            over = len(self._live) + count > self.capacity
-            if waiting:
-                if over:
-                    return False
-            elif over or self._waiters:
-                why = "producers are waiting in send_wait" if not over else "no room"
-                self._reject(
-                    Rejection.CAPACITY,
-                    CapacityExceeded,
-                    f"{why} for {count} envelope(s): {len(self._live)} of "
-                    f"{self.capacity} used ({fresh[0].label()})",
-                )
-        live = self._live
-        seq = self._seq
-        enter = self._enter
-        admitted_to = self._admitted_to
-        for env in fresh:
-            # The envelope's own record, reset for this stay (no allocation per send).
-            rec = env._rec
-            if rec.owner is self:  # named twice in this batch
-                dedups += 1
-                continue
-            seq += 1
-            rec.state = INITIAL
-            rec.kind = KIND_OF[env.interval > 0]
-            rec.seq = seq
-            rec.attempts = 0
-            rec.failures = 0
-            rec.owner = self
-            live[env] = rec
-            if buffer:
-                enter(env, rec, _EV_SEND, self._buffered_to)
-            else:
-                delay = env.delay if env.not_before is None else self._first_delay(env)
-                enter(env, rec, _EV_SEND, admitted_to[delay > 0], delay)
-        self._seq = seq
-        if dedups:
-            self._counts.dedups += dedups
-        return True
-
-    def _refuse(self, items: Sequence[object]) -> NoReturn:
-        """Raise the error of the earliest failing check over the whole batch:
-        validation, then the blacklist, then dedup / another queue."""
-        for item in items:
-            if not isinstance(item, Envelope):
-                self._reject(Rejection.INVALID, BadEnvelope, f"not an Envelope: {item!r}")
-        batch = cast("Sequence[Envelope]", items)
-        for env in batch:
-            if env.type in self._blacklist:
-                self._reject(
-                    Rejection.BLACKLISTED,
-                    TypeBlacklisted,
-                    f"type {env.type!r} is blacklisted ({env.label()})",
-                )
-        for env in batch:
-            owner = env._rec.owner
-            if owner is not None and owner is not self:
-                self._reject(
-                    Rejection.FOREIGN, BadEnvelope, f"{env.label()} is live in queue {owner.name!r}"
-                )
-        raise AssertionError("_refuse called on a valid batch")
-
-    def _reject(self, reason: Rejection, error: type[EnvqError], message: str) -> NoReturn:
-        self._counts.rejections[reason] += 1
-        raise error(f"queue {self.name!r}: {message}")
-
     def _first_delay(self, env: Envelope) -> float:
         delay = env.delay
         if env.not_before is not None:
@@ -932,32 +795,6 @@ class Queue:
             now = wall() if callable(wall) else _wall_now()
             delay = max(delay, env.not_before.timestamp() - now)
         return delay
-
-    def _pump(self) -> None:
-        """Wake the first waiting producer once its batch fits, or would be refused."""
-        waiters = self._waiters
-        if waiters:
-            head = waiters[0]
-            if not head.fut.done() and self._may_admit(head.envs):
-                head.fut.set_result(None)
-
-    def _may_admit(self, items: Sequence[Envelope]) -> bool:
-        """Whether admitting ``items`` now would not wait for room: it fits, or one of
-        send's checks refuses it."""
-        capacity = self.capacity
-        if not capacity or self._send_row.action is LifeAction.REJECT:
-            return True
-        blacklist = self._blacklist
-        fresh: set[Envelope] = set()
-        for env in items:
-            if not isinstance(env, Envelope) or (blacklist and env.type in blacklist):
-                return True
-            owner = env._rec.owner
-            if owner is None:
-                fresh.add(env)
-            elif owner is not self:
-                return True
-        return len(self._live) + len(fresh) <= capacity
 
     # ----------------------------------------------------------------------------------
     # Envelope moves

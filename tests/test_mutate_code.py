@@ -37,6 +37,9 @@ def test_enough_mutants_of_every_engine_file() -> None:
         f"envq/{name}.py"
         for name in (
             "_queue",
+            "_machine",
+            "_admission",
+            "_outcomes",
             "_attempt",
             "_timers",
             "_stats",
