@@ -21,6 +21,7 @@ import concurrent.futures
 import contextvars
 import logging
 import math
+import threading
 import time
 import warnings
 from collections import deque
@@ -243,6 +244,10 @@ class Queue:
         self._epoch = 0
         self._crew: list[Worker] = []
         self._listeners: list[Listener] = []
+        #: Events of a call from another thread, held for the loop's thread (see send).
+        self._aside: list[Event] | None = None
+        #: The thread the queue's loop runs in (known once bound).
+        self._loop_thread: int | None = None
         self._observed = _machine.STRICT
         self._blacklist: set[str] = set()
         self._waiters: deque[_Waiter] = deque()
@@ -328,14 +333,43 @@ class Queue:
             ``send_wait`` (send does not overtake them).
         """
         loop = self._loop
-        if loop is not None and _running_loop() is not loop and loop.is_running():
-            return self._from_elsewhere(self.send, *envelopes)
+        if loop is not None and _running_loop() is not loop:
+            if loop.is_running():
+                return self._from_elsewhere(self.send, *envelopes)
+            if self._listeners and threading.get_ident() != self._loop_thread:
+                return self._send_aside(loop, envelopes)
         row = self._send_row
         if row.action is _ADMIT:
             self._admit(envelopes, False)
         else:
             self._life(row, _SEND, envelopes)
         return None
+
+    def _send_aside(self, loop: asyncio.AbstractEventLoop, envelopes: Sequence[Envelope]) -> None:
+        """``send()`` from another thread while the queue's loop is not running (between
+        two ``run_until_complete`` calls): nothing else can touch the queue, so the call
+        runs here and raises here; but listeners are promised the loop's thread, so its
+        events wait for the loop, which delivers them before anything else it runs."""
+        events: list[Event] = []
+        try:
+            loop.call_soon_threadsafe(self._deliver, events)
+        except RuntimeError:  # closed meanwhile: nobody else will ever run listeners
+            events = []
+        else:
+            self._aside = events
+        try:
+            row = self._send_row
+            if row.action is _ADMIT:
+                self._admit(envelopes, False)
+            else:
+                self._life(row, _SEND, envelopes)
+        finally:
+            self._aside = None
+
+    def _deliver(self, events: list[Event]) -> None:
+        """Hand events set aside by a call from another thread to the listeners."""
+        for event in events:
+            self._emit(event)
 
     async def send_wait(
         self,
@@ -583,7 +617,6 @@ class Queue:
         return self._counts.snapshot(
             self._state,
             (rec.state for rec in self._live.values()),
-            in_flight=sum(1 for w in self._crew if w.env is not None),
             capacity_limit=self.capacity,
             stuck_threads=self._threads.stuck,
         )
@@ -1031,9 +1064,9 @@ class Queue:
         """
         frm = rec.state
         rec.state = to
-        if self._observed:
-            self._observe(env, frm, event, to, cause)
         if to is _READY:
+            if self._observed:
+                self._observe(env, frm, event, to, cause)
             # The FIXED_RATE grid needs a periodic run's scheduled start: the time it
             # became READY, or (coming from DELAYED) the time it was due, kept in due.
             if rec.kind is _PERIODIC and event is not _DUE:
@@ -1046,19 +1079,25 @@ class Queue:
                     fut.set_result(True)
                     break
         elif to is _DELAYED:
+            if self._observed:
+                self._observe(env, frm, event, to, cause)
             due = rec.due = self._clock() + delay if at is None else at
             self._delays.push(env, rec, due)
         elif to in _TERMINAL:
+            # The envelope leaves the queue before its end is reported: a listener may
+            # send it again (here or elsewhere), and statistics() agrees with the event.
             del self._live[env]
             rec.owner = None
             self._counts.terminal[to] += 1
             if rec.tick:
                 self._delays.drop(rec)
-            if self.limiter is not None:
-                self._limiter_forget(env)
             if to is _RETURNED:
                 self._handed.append((rec.seq, env))
-            elif to is _FAILED:
+            if self.limiter is not None:
+                self._limiter_forget(env)
+            if self._observed:
+                self._observe(env, frm, event, to, cause)
+            if to is _FAILED:
                 if self.dead_letter is not None:
                     self._to_dead_letter(env, cause)
                 elif self.log_unhandled and env.on_failure is None and not self._handlers:
@@ -1075,6 +1114,8 @@ class Queue:
             if self._waiters:
                 self._pump()
         elif to is _PARKED or to is _BUFFERED:
+            if self._observed:
+                self._observe(env, frm, event, to, cause)
             rec.due = max(0.0, delay)
         else:
             raise AssertionError(f"{to.name} is not entered through _enter")
@@ -1501,6 +1542,7 @@ class Queue:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
             self._clock = loop.time
             self._delays.bind(loop)
             self._deadlines.bind(loop)
@@ -1577,6 +1619,10 @@ class Queue:
         return None
 
     def _emit(self, event: Event) -> None:
+        aside = self._aside
+        if aside is not None:
+            aside.append(event)
+            return
         for listener in list(self._listeners):
             try:
                 listener(event)
