@@ -107,6 +107,7 @@ _DISPATCH: Final = EnvEvent.DISPATCH
 _DUE: Final = EnvEvent.DUE
 _EV_SEND: Final = EnvEvent.SEND
 _ONE_OFF: Final = Kind.ONE_OFF
+_BLACKLISTED: Final = Kind.BLACKLISTED
 _PERIODIC: Final = Kind.PERIODIC
 _REQUEUED: Final = frozenset({_READY, _DELAYED})
 _INF: Final = math.inf
@@ -1433,17 +1434,32 @@ class Queue:
             case _:
                 assert_never(row.action)
 
+    def _banned_meanwhile(
+        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+    ) -> bool:
+        """After a hook: whether the envelope's type was blacklisted while the hook ran
+        (its row group became BLACKLISTED). The row of that group is then performed
+        instead of the rest of the one chosen before the hook: a banned type never
+        runs again."""
+        if rec.kind is not _BLACKLISTED:
+            return False
+        done = self._plan[_BLACKLISTED][outcome](w, env, rec, outcome, cause)
+        assert done is None, "a BLACKLISTED row runs no hook"
+        return True
+
     async def _succeed(
         self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState
     ) -> None:
         await self._runner.on_success(w, env)
-        self._enter(env, rec, outcome, target)
+        if not self._banned_meanwhile(w, env, rec, outcome, None):
+            self._enter(env, rec, outcome, target)
 
     async def _reschedule(
         self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState
     ) -> None:
         await self._runner.on_success(w, env)
-        self._rescheduled(env, rec, outcome, target)
+        if not self._banned_meanwhile(w, env, rec, outcome, None):
+            self._rescheduled(env, rec, outcome, target)
 
     def _rescheduled(self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState) -> None:
         rec.failures = 0
@@ -1469,6 +1485,8 @@ class Queue:
             delay, at = self._next_run(env, rec)
         else:
             decision = await self._runner.on_failure(w, env, cause, rec.failures)
+            if self._banned_meanwhile(w, env, rec, outcome, cause):
+                return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         self._requeue(env, rec, outcome, to, delay, cause, at)
 
@@ -1483,6 +1501,8 @@ class Queue:
     ) -> None:
         if env.on_failure is not None:
             await self._runner.on_failure(w, env, cause, self._attempt_no(rec))
+            if self._banned_meanwhile(w, env, rec, outcome, cause):
+                return
         self._enter(env, rec, outcome, target, cause=cause)
 
     @staticmethod
@@ -1503,6 +1523,8 @@ class Queue:
         to, delay = target, 0.0
         if env.on_failure is not None:
             decision = await self._runner.on_failure(w, env, cause, attempt)
+            if self._banned_meanwhile(w, env, rec, outcome, cause):
+                return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         elif env.retry is not None:
             retry = env.retry
