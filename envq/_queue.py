@@ -111,6 +111,9 @@ _BLACKLISTED: Final = Kind.BLACKLISTED
 _PERIODIC: Final = Kind.PERIODIC
 _REQUEUED: Final = frozenset({_READY, _DELAYED})
 _INF: Final = math.inf
+#: Seconds of a periodic envelope's failing runs one WARNING stands for (see
+#: Queue._log_periodic_failure).
+_FAILURE_LOG_WINDOW: Final = 60.0
 
 
 class _Sched:
@@ -1478,17 +1481,44 @@ class Queue:
         cause: BaseException | None,
     ) -> None:
         """Periodic failure: on_failure's decision if set, else the next interval."""
-        rec.failures += 1
+        failures = rec.failures = rec.failures + 1
         at: float | None = None
         if env.on_failure is None:
             to = target
             delay, at = self._next_run(env, rec)
+            if self.log_unhandled and not self._handlers:
+                self._log_periodic_failure(env, failures, delay, cause)
         else:
             decision = await self._runner.on_failure(w, env, cause, rec.failures)
             if self._banned_meanwhile(w, env, rec, outcome, cause):
                 return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         self._requeue(env, rec, outcome, to, delay, cause, at)
+
+    def _log_periodic_failure(
+        self, env: Envelope, failures: int, delay: float, cause: BaseException | None
+    ) -> None:
+        """A periodic run failed and nothing handles it: log it, rate-limited by the
+        count of failures in a row (which a success resets), so that no state is kept
+        and a succeeding run pays nothing. The first failure of a row is logged, then
+        one each time the row spans another minute of intervals."""
+        span = failures * env.interval
+        window = _FAILURE_LOG_WINDOW
+        if failures > 1 and span // window == (span - env.interval) // window:
+            return
+        if not log.isEnabledFor(logging.WARNING):
+            return
+        log.warning(
+            "queue %r: periodic %s failed (%d in a row) and nothing handles it (no "
+            "on_failure or listener; repeats are logged about once a minute); next run "
+            "in %g s: %r",
+            self.name,
+            env.label(),
+            failures,
+            delay,
+            cause,
+            exc_info=cause,
+        )
 
     async def _report_failure(
         self,
