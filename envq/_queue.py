@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import logging
 import math
+import signal
 import threading
 import time
 import warnings
@@ -625,6 +627,63 @@ class Queue:
             stuck_threads=self._threads.stuck,
         )
 
+    def stop_on_signals(self, *signals: int) -> Callable[[], None]:
+        """Stop the queue on the first of ``signals`` (default: SIGINT and SIGTERM),
+        in its ``stop_mode`` — with the default DRAIN, the work already started and
+        ready runs to its end — and give the signals back at once: a second one is
+        handled as it was before this call (Ctrl-C twice interrupts as usual).
+
+        Call it from a coroutine on the queue's loop, in the main thread (the loop's
+        signal handlers; Unix only); then wait for the stop with
+        :meth:`wait_stopped`. Returns a function that gives the signals back without
+        waiting for one.
+
+        :raises TypeError: a signal that is not an int.
+        :raises ValueError: a signal that cannot be handled (SIGKILL, SIGSTOP, or
+            not a signal number).
+        :raises RuntimeError: called outside the queue's running loop.
+        """
+        where = f"queue {self.name!r}: stop_on_signals() signals"
+        wanted = signals or (signal.SIGINT, signal.SIGTERM)
+        valid = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+        for sig in wanted:
+            _checks.integer(where, sig, minimum=1)
+            if sig not in valid:
+                raise ValueError(f"{where}: {sig!r} cannot be handled")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        loop = self._loop
+        if running is None or (loop is not None and running is not loop):
+            raise RuntimeError(
+                f"queue {self.name!r}: stop_on_signals() must be called from a coroutine "
+                "on the queue's event loop"
+            )
+        loop = self._bound_loop()
+        before = {sig: signal.getsignal(sig) for sig in wanted}
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if given_back:
+                return
+            given_back = True
+            for sig, handler in before.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+        def on_signal(sig: int) -> None:
+            give_back()
+            log.info("queue %r: %s received, stopping", self.name, signal.Signals(sig).name)
+            task = loop.create_task(self.stop(), name=f"envq:{self.name}:stop-on-signal")
+            _TASKS.add(task)
+            task.add_done_callback(_TASKS.discard)
+
+        for sig in wanted:
+            loop.add_signal_handler(sig, on_signal, sig)
+        return give_back
+
     async def __aenter__(self) -> Queue:
         self.start()
         return self
@@ -654,26 +713,39 @@ class Queue:
                 break
             except asyncio.CancelledError:
                 interrupted = True  # the termination goes on: wait for it again
-        if self.leftovers:
-            log.warning(
-                "queue %r: %d envelope(s) left over at exit (see Queue.leftovers)",
-                self.name,
-                len(self.leftovers),
-            )
+        left = self.leftovers
+        if left:
+            orderly = exc_type is None and not interrupted
+            periodic = sum(1 for env in left if env.interval > 0)
+            if orderly and periodic == len(left):
+                # A periodic envelope never ends by itself: parking it is how an
+                # orderly exit ends it.
+                log.info(
+                    "queue %r: %d periodic envelope(s) parked at exit (see Queue.leftovers)",
+                    self.name,
+                    periodic,
+                )
+            else:
+                log.warning(
+                    "queue %r: %d envelope(s) left over at exit (see Queue.leftovers)",
+                    self.name,
+                    len(left),
+                )
         if interrupted:
             raise asyncio.CancelledError
 
     def __del__(self) -> None:
         live = getattr(self, "_live", None)
         if live:
-            warnings.warn(
+            message = (
                 f"envq.Queue {getattr(self, 'name', '?')!r} was garbage-collected holding "
-                f"{len(live)} envelope(s) ({self._state.name}): terminate() it and keep what "
-                "it hands back",
-                ResourceWarning,
-                source=self,
-                stacklevel=1,
+                f"{len(live)} envelope(s) ({self._state.name}): they are lost; terminate() "
+                "it and keep what it hands back"
             )
+            # A ResourceWarning is hidden by default; lost work must be seen.
+            with contextlib.suppress(Exception):  # logging torn down at interpreter exit
+                log.warning("%s", message)
+            warnings.warn(message, ResourceWarning, source=self, stacklevel=1)
 
     # ----------------------------------------------------------------------------------
     # The lifecycle interpreter
