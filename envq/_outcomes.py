@@ -12,6 +12,7 @@ envelope: the queue's live set, ready deque and blacklist are lent to it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -22,8 +23,10 @@ from envq._attempt import Runner, Worker
 from envq._envelope import Envelope, _Rec
 from envq._errors import MaxRetriesExceeded
 from envq._limits import RateLimiter, ask_limiter, forget_limiter
+from envq._listeners import Listeners
 from envq._machine import (
     DECISION_TARGET,
+    OUTCOMES,
     PARK_INSTEAD,
     RELABEL,
     SHELVE_TARGET,
@@ -40,9 +43,14 @@ from envq._values import Schedule
 
 __all__ = ["Enter", "Perform", "Settler"]
 
+log = logging.getLogger("envq")
+
 _READY: Final = EnvState.READY
 _RUNNING_E: Final = EnvState.RUNNING
 _PERIODIC: Final = Kind.PERIODIC
+#: Seconds of a periodic envelope's failing runs one WARNING stands for (see
+#: Settler._log_periodic_failure).
+_FAILURE_LOG_WINDOW: Final = 60.0
 
 _Cause: TypeAlias = BaseException | None
 #: A row of the outcome table resolved for one queue: ``(worker, env, rec, outcome,
@@ -81,18 +89,24 @@ class Settler:
     :param queue_state: the queue's lifecycle state now (a move back into a queue that
         is not RUNNING parks).
     :param live: the queue's live envelopes; ``ready``: its ready deque;
-        ``blacklist``: its blacklisted types (all lent, never replaced).
+        ``blacklist``: its blacklisted types; ``listeners``: its listeners (all lent,
+        never replaced).
+    :param log_unhandled: log a periodic run's failure that nothing handles.
     """
 
     __slots__ = (
+        "_banned_kind",
         "_clock",
         "_enter",
         "_queue_state",
         "_runner",
         "blacklist",
         "limiter",
+        "listeners",
         "live",
+        "log_unhandled",
         "name",
+        "plan",
         "ready",
     )
 
@@ -107,6 +121,8 @@ class Settler:
         live: dict[Envelope, _Rec],
         ready: deque[Envelope],
         blacklist: set[str],
+        listeners: Listeners,
+        log_unhandled: bool,
     ) -> None:
         self.name = name
         self.limiter = limiter
@@ -116,7 +132,15 @@ class Settler:
         self.live = live
         self.ready = ready
         self.blacklist = blacklist
+        self.listeners = listeners
+        self.log_unhandled = log_unhandled
         self._clock: Callable[[], float] = _unbound
+        #: The row group of an envelope whose type was blacklisted while it ran.
+        self._banned_kind = RELABEL[EnvEvent.BLACKLIST]
+        #: The outcome table as this queue performs it: kind → outcome → action.
+        self.plan: dict[Kind, dict[Outcome, Perform]] = {kind: {} for kind in Kind}
+        for (kind, outcome), row in OUTCOMES.items():
+            self.plan[kind][outcome] = self.resolve(row)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Read the time from ``loop`` from now on."""
@@ -193,11 +217,26 @@ class Settler:
             case _:
                 assert_never(row.action)
 
+    def _banned_meanwhile(
+        self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, cause: _Cause
+    ) -> bool:
+        """After a hook: whether the envelope's type was blacklisted while the hook ran
+        (its row group was relabelled, ``RELABEL``). The row of that group is then
+        performed instead of the rest of the one chosen before the hook: a banned type
+        never runs again."""
+        banned = self._banned_kind
+        if rec.kind is not banned:
+            return False
+        done = self.plan[banned][outcome](w, env, rec, outcome, cause)
+        assert done is None, "a BLACKLISTED row runs no hook"
+        return True
+
     async def _succeed(
         self, w: Worker, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState
     ) -> None:
         await self._runner.on_success(w, env)
-        self._enter(env, rec, outcome, target)
+        if not self._banned_meanwhile(w, env, rec, outcome, None):
+            self._enter(env, rec, outcome, target)
 
     async def _reschedule(
         self,
@@ -209,7 +248,8 @@ class Settler:
         limited: bool,
     ) -> None:
         await self._runner.on_success(w, env)
-        self._rescheduled(env, rec, outcome, target, limited)
+        if not self._banned_meanwhile(w, env, rec, outcome, None):
+            self._rescheduled(env, rec, outcome, target, limited)
 
     def _rescheduled(
         self, env: Envelope, rec: _Rec, outcome: Outcome, target: EnvState, limited: bool
@@ -231,15 +271,44 @@ class Settler:
         limited: bool,
     ) -> None:
         """Periodic failure: on_failure's decision if set, else the next interval."""
-        rec.failures += 1
+        failures = rec.failures = rec.failures + 1
         at: float | None = None
         if env.on_failure is None:
             to = target
             delay, at = self._next_run(env, rec)
+            if self.log_unhandled and not self.listeners.handlers:
+                self._log_periodic_failure(env, failures, delay, cause)
         else:
             decision = await self._runner.on_failure(w, env, cause, rec.failures)
+            if self._banned_meanwhile(w, env, rec, outcome, cause):
+                return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         self._requeue(env, rec, outcome, to, delay, cause, at, retry=limited)
+
+    def _log_periodic_failure(
+        self, env: Envelope, failures: int, delay: float, cause: BaseException | None
+    ) -> None:
+        """A periodic run failed and nothing handles it: log it, rate-limited by the
+        count of failures in a row (which a success resets), so that no state is kept
+        and a succeeding run pays nothing. The first failure of a row is logged, then
+        one each time the row spans another minute of intervals."""
+        span = failures * env.interval
+        window = _FAILURE_LOG_WINDOW
+        if failures > 1 and span // window == (span - env.interval) // window:
+            return
+        if not log.isEnabledFor(logging.WARNING):
+            return
+        log.warning(
+            "queue %r: periodic %s failed (%d in a row) and nothing handles it (no "
+            "on_failure or listener; repeats are logged about once a minute); next run "
+            "in %g s: %r",
+            self.name,
+            env.label(),
+            failures,
+            delay,
+            cause,
+            exc_info=cause,
+        )
 
     async def _report_failure(
         self,
@@ -252,6 +321,8 @@ class Settler:
     ) -> None:
         if env.on_failure is not None:
             await self._runner.on_failure(w, env, cause, self._attempt_no(rec))
+            if self._banned_meanwhile(w, env, rec, outcome, cause):
+                return
         self._enter(env, rec, outcome, target, cause=cause)
 
     @staticmethod
@@ -273,6 +344,8 @@ class Settler:
         to, delay = target, 0.0
         if env.on_failure is not None:
             decision = await self._runner.on_failure(w, env, cause, attempt)
+            if self._banned_meanwhile(w, env, rec, outcome, cause):
+                return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
         elif env.retry is not None:
             retry = env.retry

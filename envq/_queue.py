@@ -17,9 +17,12 @@ so ``capacity_used`` is ``len(_live)`` and cannot drift.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import math
+import signal
+import threading
 import time
 import warnings
 from collections import deque
@@ -41,7 +44,6 @@ from envq._machine import (
     FAULT_TARGET,
     INITIAL_QUEUE,
     LIFECYCLE,
-    OUTCOMES,
     QUEUE_MOVES,
     SETTLED,
     STAYING,
@@ -55,7 +57,7 @@ from envq._machine import (
     QueueCall,
     QueueState,
 )
-from envq._outcomes import Perform, Settler
+from envq._outcomes import Settler
 from envq._stats import Counters, StopRun, report
 from envq._timers import Deadlines, DelayHeap
 from envq._values import (
@@ -197,6 +199,10 @@ class Queue:
         self._events = Listeners(name, _machine.STRICT, self._observe_changed)
         self._listeners = self._events.listeners
         self._observed = self._events.observed
+        #: Events of a call from another thread, held for the loop's thread (see send).
+        self._aside: list[Event] | None = None
+        #: The thread the queue's loop runs in (known once bound).
+        self._loop_thread: int | None = None
         self._blacklist: set[str] = set()
         self._run: StopRun | None = None
         self._last_report = StopReport()
@@ -235,11 +241,11 @@ class Queue:
             live=self._live,
             ready=self._ready,
             blacklist=self._blacklist,
+            listeners=self._events,
+            log_unhandled=log_unhandled,
         )
         #: The outcome table as this queue performs it (see Settler.resolve).
-        self._plan: dict[Kind, dict[Outcome, Perform]] = {kind: {} for kind in Kind}
-        for (kind, outcome), row in OUTCOMES.items():
-            self._plan[kind][outcome] = self._settler.resolve(row)
+        self._plan = self._settler.plan
         #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
 
@@ -304,14 +310,43 @@ class Queue:
             ``send_wait`` (send does not overtake them).
         """
         loop = self._loop
-        if loop is not None and _running_loop() is not loop and loop.is_running():
-            return self._from_elsewhere(self.send, *envelopes)
+        if loop is not None and _running_loop() is not loop:
+            if loop.is_running():
+                return self._from_elsewhere(self.send, *envelopes)
+            if self._listeners and threading.get_ident() != self._loop_thread:
+                return self._send_aside(loop, envelopes)
         row = self._send_row
         if row.action is _ADMIT:
             self._admit(envelopes, False)
         else:
             self._life(row, _SEND, envelopes)
         return None
+
+    def _send_aside(self, loop: asyncio.AbstractEventLoop, envelopes: Sequence[Envelope]) -> None:
+        """``send()`` from another thread while the queue's loop is not running (between
+        two ``run_until_complete`` calls): nothing else can touch the queue, so the call
+        runs here and raises here; but listeners are promised the loop's thread, so its
+        events wait for the loop, which delivers them before anything else it runs."""
+        events: list[Event] = []
+        try:
+            loop.call_soon_threadsafe(self._deliver, events)
+        except RuntimeError:  # closed meanwhile: nobody else will ever run listeners
+            events = []
+        else:
+            self._aside = events
+        try:
+            row = self._send_row
+            if row.action is _ADMIT:
+                self._admit(envelopes, False)
+            else:
+                self._life(row, _SEND, envelopes)
+        finally:
+            self._aside = None
+
+    def _deliver(self, events: list[Event]) -> None:
+        """Hand events set aside by a call from another thread to the listeners."""
+        for event in events:
+            self._emit(event)
 
     async def send_wait(
         self,
@@ -519,10 +554,66 @@ class Queue:
         return self._counts.snapshot(
             self._state,
             (rec.state for rec in self._live.values()),
-            in_flight=sum(1 for w in self._crew if w.env is not None),
             capacity_limit=self.capacity,
             stuck_threads=self._threads.stuck,
         )
+
+    def stop_on_signals(self, *signals: int) -> Callable[[], None]:
+        """Stop the queue on the first of ``signals`` (default: SIGINT and SIGTERM),
+        in its ``stop_mode`` — with the default DRAIN, the work already started and
+        ready runs to its end — and give the signals back at once: a second one is
+        handled as it was before this call (Ctrl-C twice interrupts as usual).
+
+        Call it from a coroutine on the queue's loop, in the main thread (the loop's
+        signal handlers; Unix only); then wait for the stop with
+        :meth:`wait_stopped`. Returns a function that gives the signals back without
+        waiting for one.
+
+        :raises TypeError: a signal that is not an int.
+        :raises ValueError: a signal that cannot be handled (SIGKILL, SIGSTOP, or
+            not a signal number).
+        :raises RuntimeError: called outside the queue's running loop.
+        """
+        where = f"queue {self.name!r}: stop_on_signals() signals"
+        wanted = signals or (signal.SIGINT, signal.SIGTERM)
+        valid = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+        for sig in wanted:
+            _checks.integer(where, sig, minimum=1)
+            if sig not in valid:
+                raise ValueError(f"{where}: {sig!r} cannot be handled")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        loop = self._loop
+        if running is None or (loop is not None and running is not loop):
+            raise RuntimeError(
+                f"queue {self.name!r}: stop_on_signals() must be called from a coroutine "
+                "on the queue's event loop"
+            )
+        loop = self._bound_loop()
+        before = {sig: signal.getsignal(sig) for sig in wanted}
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if given_back:
+                return
+            given_back = True
+            for sig, handler in before.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+        def on_signal(sig: int) -> None:
+            give_back()
+            log.info("queue %r: %s received, stopping", self.name, signal.Signals(sig).name)
+            task = loop.create_task(self.stop(), name=f"envq:{self.name}:stop-on-signal")
+            _TASKS.add(task)
+            task.add_done_callback(_TASKS.discard)
+
+        for sig in wanted:
+            loop.add_signal_handler(sig, on_signal, sig)
+        return give_back
 
     async def __aenter__(self) -> Queue:
         self.start()
@@ -553,26 +644,39 @@ class Queue:
                 break
             except asyncio.CancelledError:
                 interrupted = True  # the termination goes on: wait for it again
-        if self.leftovers:
-            log.warning(
-                "queue %r: %d envelope(s) left over at exit (see Queue.leftovers)",
-                self.name,
-                len(self.leftovers),
-            )
+        left = self.leftovers
+        if left:
+            orderly = exc_type is None and not interrupted
+            periodic = sum(1 for env in left if env.interval > 0)
+            if orderly and periodic == len(left):
+                # A periodic envelope never ends by itself: parking it is how an
+                # orderly exit ends it.
+                log.info(
+                    "queue %r: %d periodic envelope(s) parked at exit (see Queue.leftovers)",
+                    self.name,
+                    periodic,
+                )
+            else:
+                log.warning(
+                    "queue %r: %d envelope(s) left over at exit (see Queue.leftovers)",
+                    self.name,
+                    len(left),
+                )
         if interrupted:
             raise asyncio.CancelledError
 
     def __del__(self) -> None:
         live = getattr(self, "_live", None)
         if live:
-            warnings.warn(
+            message = (
                 f"envq.Queue {getattr(self, 'name', '?')!r} was garbage-collected holding "
-                f"{len(live)} envelope(s) ({self._state.name}): terminate() it and keep what "
-                "it hands back",
-                ResourceWarning,
-                source=self,
-                stacklevel=1,
+                f"{len(live)} envelope(s) ({self._state.name}): they are lost; terminate() "
+                "it and keep what it hands back"
             )
+            # A ResourceWarning is hidden by default; lost work must be seen.
+            with contextlib.suppress(Exception):  # logging torn down at interpreter exit
+                log.warning("%s", message)
+            warnings.warn(message, ResourceWarning, source=self, stacklevel=1)
 
     # ----------------------------------------------------------------------------------
     # The lifecycle interpreter
@@ -847,9 +951,9 @@ class Queue:
         """
         frm = rec.state
         rec.state = to
-        if self._observed:
-            self._observe(env, frm, event, to, cause)
         if to is _READY:
+            if self._observed:
+                self._observe(env, frm, event, to, cause)
             # The FIXED_RATE grid needs a periodic run's scheduled start: the time it
             # became READY, or (coming from DELAYED) the time it was due, kept in due.
             if rec.kind is _PERIODIC and event is not _DUE:
@@ -862,19 +966,25 @@ class Queue:
                     fut.set_result(True)
                     break
         elif to is _DELAYED:
+            if self._observed:
+                self._observe(env, frm, event, to, cause)
             due = rec.due = self._clock() + delay if at is None else at
             self._delays.push(env, rec, due)
         elif to in self._terminal:
+            # The envelope leaves the queue before its end is reported: a listener may
+            # send it again (here or elsewhere), and statistics() agrees with the event.
             del self._live[env]
             rec.owner = None
             self._counts.terminal[to] += 1
             if rec.tick:
                 self._delays.drop(rec)
-            if self.limiter is not None:
-                forget_limiter(self.name, self.limiter, env)
             if to is _RETURNED:
                 self._handed.append((rec.seq, env))
-            elif to is _FAILED:
+            if self.limiter is not None:
+                forget_limiter(self.name, self.limiter, env)
+            if self._observed:
+                self._observe(env, frm, event, to, cause)
+            if to is _FAILED:
                 if self.dead_letter is not None:
                     self._to_dead_letter(env, cause)
                 elif self.log_unhandled and env.on_failure is None and not self._events.handlers:
@@ -891,6 +1001,8 @@ class Queue:
             if self._waiters:
                 self._pump()
         elif to is _PARKED or to is _BUFFERED:
+            if self._observed:
+                self._observe(env, frm, event, to, cause)
             rec.due = max(0.0, delay)
         else:
             raise AssertionError(f"{to.name} is not entered through _enter")
@@ -1064,6 +1176,7 @@ class Queue:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
             self._clock = loop.time
             self._delays.bind(loop)
             self._deadlines.bind(loop)
@@ -1089,6 +1202,10 @@ class Queue:
         self._observed = observed
 
     def _emit(self, event: Event) -> None:
+        aside = self._aside
+        if aside is not None:
+            aside.append(event)
+            return
         self._events.emit(event)
 
     def _now(self) -> float:

@@ -39,12 +39,13 @@ class Counters:
         self,
         state: QueueState,
         live_states: Iterable[EnvState],
-        in_flight: int,
         capacity_limit: int,
         stuck_threads: int,
     ) -> Statistics:
         """A frozen :class:`envq.Statistics` with these counts and the live envelopes'
-        states (one item per live envelope)."""
+        states (one item per live envelope). The attempts in flight are the RUNNING
+        envelopes: a worker still finishing an attempt whose envelope has already
+        moved on (a listener of that move asking) does not count."""
         by_state = {state: 0 for state in EnvState if state in LIVE_STATES}
         used = 0
         for live in live_states:
@@ -54,7 +55,7 @@ class Counters:
         return Statistics(
             state=state,
             by_state=MappingProxyType(by_state),
-            in_flight=in_flight,
+            in_flight=by_state[EnvState.RUNNING],
             capacity_used=used,
             capacity_limit=capacity_limit,
             outcomes=MappingProxyType(dict(self.outcomes)),

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from support import settle
 
 import envq
+from envq.conform.oracle import room_in_time
 from envq.testing import run
 
 S = envq.EnvState
@@ -459,3 +460,62 @@ class TestSendWaitStateChange:
             await task
         assert late not in seen.at
         assert left == [first]
+
+
+class TestTimeoutAtTheInstantOfRoom:
+    """A timeout due at the very instant room is freed wins: room freed at ``started +
+    timeout`` is too late, room freed before it is taken."""
+
+    @staticmethod
+    async def _race(free_at: float, patience: float) -> tuple[BaseException | None, float]:
+        q = envq.Queue("tie", capacity=1)
+        q.start()
+        q.send(envq.Envelope(invoke=sleeper, payload=0, delay=free_at))
+        await asyncio.sleep(8.0)
+        started = now()
+        waiter = asyncio.ensure_future(q.send_wait(lasting(0), timeout=patience))
+        await asyncio.wait({waiter})
+        ended = now() - started
+        error = waiter.exception()
+        await settle()
+        await q.terminate()
+        return error, ended
+
+    async def test_room_at_the_timeout_instant_is_too_late(self) -> None:
+        # The slot is freed by a run due at 8.5, the instant the 0.5 s timeout is due.
+        error, elapsed = await self._race(free_at=8.5, patience=0.5)
+        assert type(error) is envq.CapacityExceeded
+        assert elapsed == 0.5
+
+    async def test_room_just_before_the_timeout_is_taken(self) -> None:
+        error, elapsed = await self._race(free_at=8.25, patience=0.5)
+        assert error is None
+        assert elapsed == 0.25
+
+    async def test_the_room_goes_to_the_next_producer(self) -> None:
+        q = envq.Queue("tie_next", capacity=1)
+        q.start()
+        q.send(envq.Envelope(invoke=sleeper, payload=0, delay=8.5))
+        await asyncio.sleep(8.0)
+        first = asyncio.ensure_future(q.send_wait(lasting(0), timeout=0.5))
+        nxt = lasting(60, id="next")
+        second = asyncio.ensure_future(q.send_wait(nxt, timeout=5))
+        await asyncio.wait({first, second})
+        assert type(first.exception()) is envq.CapacityExceeded
+        assert second.exception() is None
+        assert now() == 8.5
+        assert q.state_of(nxt) in (S.READY, S.RUNNING)
+        assert q.statistics().rejections["capacity"] == 1
+        await q.terminate()
+
+
+def test_the_oracle_counts_room_only_before_a_timeout() -> None:
+    """The rule the stateful test and ``envq conform`` check a timed-out ``send_wait``
+    by: room freed strictly before the timeout is due should have been taken; room
+    freed at the timeout's instant (within the clock's tolerance) or later need not."""
+    assert room_in_time(8.4, started=8.0, timeout=0.5, tolerance=0.0)
+    assert not room_in_time(8.5, started=8.0, timeout=0.5, tolerance=0.0)
+    assert not room_in_time(8.5 - 1e-12, started=8.0, timeout=0.5, tolerance=0.0)
+    assert not room_in_time(8.45, started=8.0, timeout=0.5, tolerance=0.1)
+    assert room_in_time(8.3, started=8.0, timeout=0.5, tolerance=0.1)
+    assert not room_in_time(9.0, started=8.0, timeout=0.5, tolerance=0.0)

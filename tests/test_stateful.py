@@ -86,6 +86,7 @@ from envq.conform.oracle import (
     expected_outcome,
     expected_target,
     infer_event,
+    room_in_time,
 )
 from envq.conform.protocol import CAUSES
 from envq.testing import VirtualTimeLoop
@@ -717,7 +718,9 @@ class QueueMachine(RuleBasedStateMachine):
         if not pending or self.life not in (QS.INIT, QS.RUNNING):
             return
         head = pending[0]
-        if len(self._live()) + len(head.envs) <= self.config.capacity:
+        if len(self._live()) + len(head.envs) <= self.config.capacity and room_in_time(
+            self.now(), started=head.started, timeout=head.timeout, tolerance=0.0
+        ):
             head.room_as_head = True
 
     # -----------------------------------------------------------------------------------
@@ -1090,6 +1093,7 @@ class QueueMachine(RuleBasedStateMachine):
                 lambda: f"{w.label} gave up after {elapsed:g} s, not {w.timeout:g}",
             )
             self._check(not w.room_as_head, lambda: f"{w.label} timed out though room was free")
+            self._note_room()  # the room it leaves is the next producer's
         elif type(exc) is envq.TypeBlacklisted:
             self.rejections["blacklisted"] += 1
             banned = any(env.type in self.blacklist for env in w.envs)

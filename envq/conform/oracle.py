@@ -67,6 +67,7 @@ __all__ = [
     "expected_target",
     "infer_event",
     "model_target",
+    "room_in_time",
     "send_error",
     "start_result",
 ]
@@ -363,6 +364,16 @@ class Coverage:
     def row(self, name: str) -> None:
         """Count one use of table row ``name``."""
         self.rows[name] = self.rows.get(name, 0) + 1
+
+
+def room_in_time(now: float, *, started: float, timeout: float, tolerance: float) -> bool:
+    """Whether room freed at ``now`` for a ``send_wait`` producer first in line, which
+    began waiting at ``started`` with ``timeout``, came in time: strictly before the
+    timeout is due. A timeout due at the very instant room is freed wins (the room is
+    too late and goes to the next producer); ``tolerance`` (a real clock's jitter)
+    widens that instant, and times equal but for float rounding count as the same."""
+    due = started + timeout
+    return now < due - tolerance and not math.isclose(now, due)
 
 
 def send_error(state: QueueState) -> str | None:
