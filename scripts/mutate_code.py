@@ -223,10 +223,10 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-terminal-no-forget",
         "_queue.py",
-        "            if rec.tick:\n                self._delays.drop(rec)\n"
         "            if self.limiter is not None:\n"
-        "                forget_limiter(self.name, self.limiter, env)\n",
-        "            if rec.tick:\n                self._delays.drop(rec)\n",
+        "                forget_limiter(self.name, self.limiter, env)\n"
+        "            if self._observed:\n",
+        "            if self._observed:\n",
         "the retry limiter is never told to forget an envelope that ended",
     ),
     _m(
