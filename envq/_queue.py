@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import math
 import signal
@@ -34,14 +33,13 @@ from envq import _checks, _machine
 from envq._admission import Admission
 from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
+from envq._crew import ATTEMPT, Crew, keep_alive
 from envq._entry import check_own_loop, elsewhere, hand_over, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
-from envq._limits import RateLimiter, ask_limiter, forget_limiter
+from envq._limits import RateLimiter, forget_limiter
 from envq._listeners import Listener, Listeners
 from envq._machine import (
-    DISPATCHING,
     ENVELOPE_MOVES,
-    FAULT_TARGET,
     INITIAL_QUEUE,
     LIFECYCLE,
     QUEUE_MOVES,
@@ -97,14 +95,6 @@ _DUE: Final = EnvEvent.DUE
 _EV_SEND: Final = EnvEvent.SEND
 _PERIODIC: Final = Kind.PERIODIC
 _INF: Final = math.inf
-
-
-_TASKS: set[asyncio.Task[Any]] = set()
-
-#: The envelope whose attempt the current task runs (or was spawned from).
-_ATTEMPT: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
-    "envq_attempt", default=None
-)
 
 
 class Queue:
@@ -192,10 +182,6 @@ class Queue:
         #: The live envelopes, in admission order (``capacity_used`` is its length).
         self._live: dict[Envelope, _Rec] = {}
         self._ready: deque[Envelope] = deque()
-        #: Idle workers' wake-up futures (True: work is ready; False: exit).
-        self._idle: deque[asyncio.Future[bool]] = deque()
-        self._epoch = 0
-        self._crew: list[Worker] = []
         self._events = Listeners(name, _machine.STRICT, self._observe_changed)
         self._listeners = self._events.listeners
         self._observed = self._events.observed
@@ -212,10 +198,26 @@ class Queue:
         self._counts = Counters()
         self._outcome_counts = self._counts.outcomes
         self._delays = DelayHeap(self, self._due)
-        self._deadlines = Deadlines(self._expire)
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
+        # The crew, the deadline timer, the attempt runner and the outcome interpreter
+        # call back into one another: made in that order, then the crew is attached.
+        self._crew = Crew(
+            name,
+            self,
+            size=workers,
+            ready=self._ready,
+            live=self._live,
+            outcome_counts=self._outcome_counts,
+            call=self._threads.call,
+            rate=rate,
+            bare=not config.stamps,
+            dispatch_to=self._dispatch_to,
+        )
+        #: Idle workers' wake-up futures (the crew's; woken inline by ``_enter``).
+        self._idle = self._crew.idle
+        self._deadlines = Deadlines(self._crew.expire)
         self._runner = Runner(
-            name, config.stamps, hook_timeout, self._threads, self._deadlines, self._abandon
+            name, config.stamps, hook_timeout, self._threads, self._deadlines, self._crew.abandon
         )
         self._admission = Admission(
             name,
@@ -244,8 +246,7 @@ class Queue:
             listeners=self._events,
             log_unhandled=log_unhandled,
         )
-        #: The outcome table as this queue performs it (see Settler.resolve).
-        self._plan = self._settler.plan
+        self._crew.attach(self._runner, self._deadlines, self._settler.plan)
         #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
 
@@ -453,8 +454,7 @@ class Queue:
         closing = self._closing = self._bound_loop().create_task(
             self._terminating(waiting, row), name=f"envq:{self.name}:terminate"
         )
-        _TASKS.add(closing)
-        closing.add_done_callback(_TASKS.discard)
+        keep_alive(closing)
         return await asyncio.shield(closing)
 
     async def _terminating(self, waiting: asyncio.Future[None], row: LifeRow) -> list[Envelope]:
@@ -608,8 +608,7 @@ class Queue:
             give_back()
             log.info("queue %r: %s received, stopping", self.name, signal.Signals(sig).name)
             task = loop.create_task(self.stop(), name=f"envq:{self.name}:stop-on-signal")
-            _TASKS.add(task)
-            task.add_done_callback(_TASKS.discard)
+            keep_alive(task)
 
         for sig in wanted:
             loop.add_signal_handler(sig, on_signal, sig)
@@ -751,18 +750,12 @@ class Queue:
 
     def _arm_all(self, row: LifeRow) -> None:
         loop = self._bound_loop()
-        self._epoch += 1
         self._run = None
         # Waiting producers are let in only once everything already admitted is armed:
         # their envelopes enter READY/DELAYED by admission, not by START, and queue up
         # behind the earlier ones.
         self._set_state(row.target, pump=False)
-        self._crew = [Worker(self._epoch) for _ in range(self.workers)]
-        for n, w in enumerate(self._crew):
-            w.task = task = loop.create_task(self._work(w), name=f"envq:{self.name}:worker-{n}")
-            # The loop holds tasks weakly: keep workers alive even if the queue is dropped.
-            _TASKS.add(task)
-            task.add_done_callback(_TASKS.discard)
+        self._crew.spawn(loop)
         for env, rec in list(self._live.items()):
             delay = self._first_delay(env) if rec.state is _BUFFERED else rec.due
             to = _machine.queue_move(rec.state, EnvEvent.START, delay > 0)
@@ -809,22 +802,12 @@ class Queue:
         self._delays.clear()
 
     def _cancel_in_flight(self, cause: CancelCause | None) -> None:
-        if cause is None:
-            return
-        spared = self._run.spared if self._run is not None else None
-        for w in self._crew:
-            if w.env is not None and w.cancellable and w is not spared and w.task is not None:
-                if w.cancel_cause is None:
-                    w.task.cancel()
-                    w.owed = 1
-                w.cancel_cause = cause
+        if cause is not None:
+            self._crew.cancel_in_flight(cause, self._run.spared if self._run else None)
 
     def _check_drained(self) -> None:
-        if self._ready or self._state is not _STOPPING_Q:
+        if self._ready or self._state is not _STOPPING_Q or self._crew.busy():
             return
-        for w in self._crew:
-            if w.env is not None:
-                return
         self._life(LIFECYCLE[(self._state, QueueCall.DRAINED)], QueueCall.DRAINED)
 
     def _finish_stop(self, row: LifeRow) -> None:
@@ -833,11 +816,7 @@ class Queue:
         self._last_report = self._make_report()
         run = self._run
         self._run = None
-        idle = self._idle
-        while idle:
-            fut = idle.popleft()
-            if not fut.done():
-                fut.set_result(False)
+        self._crew.retire_idle()
         if run is not None and not run.done.done():
             run.done.set_result(None)
         self._wake_stopped()
@@ -863,8 +842,7 @@ class Queue:
         assert dead_letter is not None
         if self._dead_async:
             task = self._bound_loop().create_task(self._dead_letter_async(dead_letter, env, error))
-            _TASKS.add(task)
-            task.add_done_callback(_TASKS.discard)
+            keep_alive(task)
             return
         try:
             dead_letter(env, error)
@@ -1012,162 +990,6 @@ class Queue:
         self._enter(env, rec, _DUE, self._due_to)
 
     # ----------------------------------------------------------------------------------
-    # Workers and attempts
-    # ----------------------------------------------------------------------------------
-
-    async def _work(self, w: Worker) -> None:
-        try:
-            await self._serve(w)
-        except asyncio.CancelledError:
-            # Cancelled while idle or waiting for the rate limit (a cancel that reaches
-            # an attempt or a hook is absorbed there and ends up here as well).
-            self._abandon(w)
-            raise
-
-    async def _serve(self, w: Worker) -> None:
-        ready = self._ready
-        idle = self._idle
-        live = self._live
-        loop = self._bound_loop()
-        rate = self.rate
-        runner = self._runner
-        call = self._threads.call
-        plan = self._plan
-        outcome_counts = self._outcome_counts
-        deadlines = self._deadlines
-        clock = loop.time
-        dispatched = self._dispatch_to
-        bare_queue = not self.stamps
-        paid = False
-        while True:
-            if not ready:
-                # Ready work only exists while dispatching, so the lifecycle is checked
-                # here, before idling, not on every envelope.
-                if w.epoch != self._epoch or self._state not in DISPATCHING:
-                    return
-                if self._deadlines.armed:
-                    self._disarm_deadlines()
-                fut: asyncio.Future[bool] = loop.create_future()
-                idle.append(fut)
-                if not await fut:
-                    return
-                continue
-            if rate is not None and not paid:
-                wait = ask_limiter(self.name, rate, ready[0], "rate")
-                if wait > 0:
-                    paid = True
-                    await asyncio.sleep(wait)
-                    if w.epoch != self._epoch:
-                        return
-                    continue
-            paid = False
-            cause: BaseException | None
-            env = ready.popleft()
-            rec = env._rec
-            w.env = env
-            rec.attempts += 1
-            rec.state = dispatched
-            _ATTEMPT.set(env)
-            if self._observed:
-                self._observe(env, _READY, _DISPATCH, dispatched, None)
-            try:
-                if env._lean and bare_queue:
-                    # The attempt of an envelope with no hooks or stamps (the runner's
-                    # attempt without its hook steps, inline: it runs for every one).
-                    deadline = env.deadline
-                    if deadline:
-                        at = w.deadline_at = w.expiry = clock() + deadline
-                        if at < deadlines.armed_at:
-                            deadlines.arm(at)
-                    w.cancellable = True
-                    try:
-                        if env._async:
-                            await env.invoke(env)  # type: ignore[misc]
-                        else:
-                            await call(env.invoke, env)
-                    except BaseException as exc:
-                        outcome, cause = runner.failed(w, env, exc)
-                    else:
-                        if w.fired is None:
-                            outcome, cause = _OK, None
-                            if deadline:
-                                w.expiry = _INF
-                        else:
-                            outcome, cause = runner.swallowed(w, env)
-                    w.cancellable = False
-                else:
-                    outcome, cause = await runner.attempt(w, env)
-                # Settle the attempt: count it, note it for a stop under way, and
-                # perform its row of the outcome table.
-                outcome_counts[outcome] += 1
-                run = self._run
-                if run is not None:
-                    (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
-                pending = plan[rec.kind][outcome](w, env, rec, outcome, cause)
-                if pending is not None:
-                    await pending
-            except (asyncio.CancelledError, GeneratorExit):
-                raise
-            except BaseException as exc:  # the queue's own failure: log, end the envelope
-                log.exception("queue %r: internal error handling %s", self.name, env.label())
-                if live.get(env) is rec and rec.state is _RUNNING_E:
-                    self._enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)
-            finally:
-                w.env = None
-                w.cancellable = False
-                w.cancel_cause = None
-                w.deadline_at = None
-                if w.owed:  # user code swallowed envq's cancel: settle the task's count
-                    runner.absorb_cancel(w)
-            if self._run is not None and not ready:
-                self._check_drained()
-            if w.abandoned:
-                raise asyncio.CancelledError
-
-    def _expire(self, limit: float) -> float:
-        """The deadline timer: cancel every worker whose limit is ``<= limit``; the
-        earliest limit still running (inf for none)."""
-        following = math.inf
-        for w in self._crew:
-            at = w.expiry
-            if at <= limit:
-                w.expiry = math.inf
-                w.fired = at
-                if w.task is not None:
-                    w.owed += 1
-                    w.task.cancel()
-            elif at < following:
-                following = at
-        return following
-
-    def _disarm_deadlines(self) -> None:
-        """A worker goes idle: once no worker has a limit running, the deadline timer
-        is disarmed (a timer left armed would move a virtual clock for nothing)."""
-        for w in self._crew:
-            if w.expiry < math.inf:
-                return
-        self._deadlines.disarm()
-
-    def _abandon(self, w: Worker) -> None:
-        """The worker's task was cancelled by someone other than envq (typically the
-        event loop closing): the queue stops at once, cancelling and parking
-        everything (the ABANDON row), and the worker exits once its envelope is
-        settled. The attempt in flight, if any, counts as cancelled by that stop."""
-        if w.abandoned:
-            return
-        w.abandoned = True
-        if w.cancel_cause is None:
-            w.cancel_cause = CancelCause.STOP
-        if w.epoch != self._epoch:
-            return  # a worker of an earlier run, on its way out
-        self._life(
-            LIFECYCLE[(self._state, QueueCall.ABANDON)],
-            QueueCall.ABANDON,
-            mode=StopMode.STOP,
-            cause=CancelCause.STOP,
-        )
-
-    # ----------------------------------------------------------------------------------
     # Helpers
     # ----------------------------------------------------------------------------------
 
@@ -1220,27 +1042,29 @@ class Queue:
     def _inside(self) -> Worker | None:
         """The worker running the attempt the current task belongs to, if it is one of
         this queue's attempts still in progress (or its hooks)."""
-        env = _ATTEMPT.get()
+        env = ATTEMPT.get()
         owner: object = env._rec.owner if env is not None else None
-        if owner is not self:
-            return None
-        for w in self._crew:
-            if w.env is env:
-                return w
-        return None
+        return self._crew.holding(env) if owner is self and env is not None else None
+
+    def _abandoned(self) -> None:
+        """A worker task was cancelled by someone other than envq: the ABANDON row."""
+        self._life(
+            LIFECYCLE[(self._state, QueueCall.ABANDON)],
+            QueueCall.ABANDON,
+            mode=StopMode.STOP,
+            cause=CancelCause.STOP,
+        )
 
 
 def current_attempt() -> Attempt | None:
     """The attempt the calling code runs in — from ``invoke``, a hook, a stamp, or a
     task spawned by one of them — or None outside any attempt or once it has ended."""
-    env = _ATTEMPT.get()
+    env = ATTEMPT.get()
     owner: object = env._rec.owner if env is not None else None
     if env is None or not isinstance(owner, Queue):
         return None
-    for w in owner._crew:
-        if w.env is env:
-            return Attempt(owner, env, env._rec.attempts, w.deadline_at)
-    return None
+    w = owner._crew.holding(env)
+    return None if w is None else Attempt(owner, env, env._rec.attempts, w.deadline_at)
 
 
 def _check_stays(row: LifeRow, state: QueueState) -> None:

@@ -86,37 +86,31 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     # -- envq/_queue.py: the worker loop and the outcome interpreter ---------------------
     _m(
         "queue-internal-error-ignored",
-        "_queue.py",
+        "_crew.py",
         "                if live.get(env) is rec and rec.state is _RUNNING_E:\n"
-        "                    self._enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)\n",
+        "                    host._enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)\n",
         "                pass\n",
         "the queue's own failure is logged but the envelope stays RUNNING: its slot is never freed",
     ),
     _m(
         "queue-internal-error-unguarded",
-        "_queue.py",
+        "_crew.py",
         "                if live.get(env) is rec and rec.state is _RUNNING_E:\n",
         "                if True:\n",
         "an internal error after the envelope already ended ends it a second time",
     ),
     _m(
         "queue-drained-ignores-hooks",
-        "_queue.py",
-        "        for w in self._crew:\n"
-        "            if w.env is not None:\n"
-        "                return\n"
-        "        self._life(LIFECYCLE[(self._state, QueueCall.DRAINED)]",
-        "        for w in self._crew:\n"
-        "            if w.env is not None and w.cancellable:\n"
-        "                return\n"
-        "        self._life(LIFECYCLE[(self._state, QueueCall.DRAINED)]",
+        "_crew.py",
+        "        return any(w.env is not None for w in self.workers)\n",
+        "        return any(w.env is not None and w.cancellable for w in self.workers)\n",
         "a stop completes while a worker is still inside on_success / on_failure",
     ),
     _m(
         "queue-drained-ignores-ready",
         "_queue.py",
-        "        if self._ready or self._state is not _STOPPING_Q:\n",
-        "        if self._state is not _STOPPING_Q:\n",
+        "        if self._ready or self._state is not _STOPPING_Q or self._crew.busy():\n",
+        "        if self._state is not _STOPPING_Q or self._crew.busy():\n",
         "a DRAIN stop completes before the ready envelopes have run",
     ),
     _m(
@@ -165,7 +159,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-cancel-spares-nobody",
-        "_queue.py",
+        "_crew.py",
         "and w.cancellable and w is not spared and w.task is not None:",
         "and w.cancellable and w.task is not None:",
         "stop(cancel=True) from inside an attempt cancels the caller's own attempt",
@@ -273,14 +267,14 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-rate-paid-once",
-        "_queue.py",
+        "_crew.py",
         "            paid = False\n            cause: BaseException | None\n",
         "            cause: BaseException | None\n",
         "once a worker has waited for the dispatch limit, it never asks the limit again",
     ),
     _m(
         "queue-stop-report-cancelled-as-completed",
-        "_queue.py",
+        "_crew.py",
         "            (run.cancelled if outcome is _CANCELLED else run.completed).append(env)\n",
         "            run.completed.append(env)\n",
         "a cancelled attempt is reported as completed",
@@ -324,7 +318,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-deadline-not-recorded",
-        "_queue.py",
+        "_crew.py",
         "                w.expiry = math.inf\n                w.fired = at\n",
         "                w.expiry = math.inf\n",
         "the deadline timer cancels an overdue worker without noting why: a TIMEOUT counts as"
@@ -452,7 +446,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-lean-ignores-deadline",
-        "_queue.py",
+        "_crew.py",
         "                    deadline = env.deadline\n",
         "                    deadline = 0.0\n",
         "an envelope without hooks or stamps runs its attempt inline, its deadline ignored",
@@ -556,10 +550,10 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
 #: Mutants tried and dropped because no test can tell them from the real code, and why.
 #: (Any other survivor gets the test that kills it.)
 EQUIVALENT: Final[Mapping[str, str]] = {
-    "_queue.py Queue._expire: `if at <= limit` -> `if at < limit`": (
+    "_crew.py Crew.expire: `if at <= limit` -> `if at < limit`": (
         "the deadline timer passes loop.time() plus the clock's resolution as the limit,"
         " and a loop runs a timer only once its time is less than one resolution away: a"
-        " limit equal to the worker's to the last bit never reaches _expire"
+        " limit equal to the worker's to the last bit never reaches Crew.expire"
     ),
     "_timers.py DelayHeap._fire: `rec.tick != tick or rec.owner is not owner` ->"
     " `rec.owner is not owner`": (

@@ -40,6 +40,7 @@ def test_enough_mutants_of_every_engine_file() -> None:
             "_machine",
             "_admission",
             "_outcomes",
+            "_crew",
             "_attempt",
             "_timers",
             "_stats",

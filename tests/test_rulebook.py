@@ -26,7 +26,7 @@ WRITERS = frozenset(
         ("_admission.py", "admit"),  # the initial envelope state, INITIAL
         ("_queue.py", "_move"),
         ("_queue.py", "_enter"),
-        ("_queue.py", "_serve"),  # the dispatch row, resolved once per queue
+        ("_crew.py", "serve"),  # the dispatch row, resolved once per queue
     }
 )
 STATE_ATTRS = frozenset({"state", "_state"})
@@ -116,7 +116,7 @@ class TestOnlyTheInterpreterWritesStates:
     def test_the_walk_finds_the_writes(self) -> None:
         """The walk sees the interpreter's writes (so an empty result means something)."""
         writes = {func for func, _line, _s in state_writes(ROOT / "_queue.py")}
-        assert {"_enter", "_move", "_set_state", "_serve"} <= writes
+        assert {"_enter", "_move", "_set_state"} <= writes
 
     @pytest.mark.parametrize(
         ("source", "spelled"),

@@ -1,0 +1,361 @@
+"""A queue's workers: a fixed crew of tasks, each running the dispatch loop.
+
+A worker takes the next READY envelope (paying the dispatch rate limit first), moves it
+to RUNNING by the DISPATCH row (resolved once per queue), runs its attempt — inline for
+an envelope with no hooks or stamps, else through the attempt runner — and performs the
+row of the outcome table for its (kind, outcome). The queue's one deadline timer calls
+:meth:`Crew.expire` to cancel the workers whose time limit has passed. A worker task
+cancelled by someone other than envq abandons the queue (its ABANDON row).
+
+The crew reads the queue it serves through :class:`Host` (the queue's lifecycle state,
+the stop under way, whether moves are observed) and moves envelopes only through the
+host's entry routines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, Protocol
+
+from envq._attempt import Runner, Worker
+from envq._envelope import Envelope, _Rec
+from envq._limits import RateLimiter, ask_limiter
+from envq._machine import (
+    DISPATCHING,
+    FAULT_TARGET,
+    CancelCause,
+    EnvEvent,
+    EnvState,
+    Kind,
+    Outcome,
+    QueueState,
+)
+from envq._outcomes import Perform
+from envq._stats import StopRun
+from envq._timers import Deadlines
+
+__all__ = ["ATTEMPT", "Crew", "Host", "keep_alive"]
+
+log = logging.getLogger("envq")
+
+_READY: Final = EnvState.READY
+_RUNNING_E: Final = EnvState.RUNNING
+_DISPATCH: Final = EnvEvent.DISPATCH
+_OK: Final = Outcome.OK
+_CANCELLED: Final = Outcome.CANCELLED
+_INF: Final = math.inf
+
+_TASKS: set[asyncio.Task[Any]] = set()
+
+#: The envelope whose attempt the current task runs (or was spawned from).
+ATTEMPT: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
+    "envq_attempt", default=None
+)
+_ATTEMPT: Final = ATTEMPT
+
+
+def keep_alive(task: asyncio.Task[Any]) -> None:
+    """Hold ``task`` until it is done (the loop holds tasks only weakly)."""
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+
+
+class Host(Protocol):
+    """What the crew reads of the queue it serves, and the entry routines it calls."""
+
+    @property
+    def _state(self) -> QueueState: ...
+
+    @property
+    def _run(self) -> StopRun | None: ...
+
+    @property
+    def _observed(self) -> bool: ...
+
+    def _observe(
+        self,
+        env: Envelope,
+        frm: EnvState,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        cause: BaseException | None,
+    ) -> None: ...
+
+    def _enter(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        delay: float = 0.0,
+        cause: BaseException | None = None,
+        at: float | None = None,
+    ) -> None: ...
+
+    def _check_drained(self) -> None: ...
+
+    def _abandoned(self) -> None: ...
+
+
+class Crew:
+    """The workers of one queue.
+
+    :param host: the queue served.
+    :param ready: its ready deque; ``live``: its live envelopes; ``outcome_counts``:
+        its per-outcome counters (all lent).
+    :param call: runs a plain callable in the queue's thread pool.
+    :param rate: the dispatch limiter, if any.
+    :param bare: the queue has no stamps (an envelope without hooks may then run its
+        attempt inline).
+    :param dispatch_to: the target of the DISPATCH row.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        host: Host,
+        *,
+        size: int,
+        ready: deque[Envelope],
+        live: dict[Envelope, _Rec],
+        outcome_counts: dict[Outcome, int],
+        call: Callable[..., Coroutine[Any, Any, Any]],
+        rate: RateLimiter | None,
+        bare: bool,
+        dispatch_to: EnvState,
+    ) -> None:
+        self._name = name
+        self._host = host
+        self._size = size
+        self._ready = ready
+        self._live = live
+        self._plan: dict[Kind, dict[Outcome, Perform]] = {}
+        self._outcome_counts = outcome_counts
+        self._call = call
+        self._rate = rate
+        self._bare = bare
+        self._dispatch_to = dispatch_to
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: The attempt runner and the deadline timer (attached once both exist: each
+        #: calls back into the crew).
+        self.runner: Runner | None = None
+        self.deadlines: Deadlines | None = None
+        #: The workers of the current run (start).
+        self.workers: list[Worker] = []
+        #: Idle workers' wake-up futures (True: work is ready; False: exit).
+        self.idle: deque[asyncio.Future[bool]] = deque()
+        #: The run (start) of the queue the current workers belong to.
+        self.epoch = 0
+
+    def attach(
+        self, runner: Runner, deadlines: Deadlines, plan: dict[Kind, dict[Outcome, Perform]]
+    ) -> None:
+        """The attempt runner, the deadline timer and the resolved outcome table the
+        workers use."""
+        self.runner = runner
+        self.deadlines = deadlines
+        self._plan = plan
+
+    def spawn(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Begin a new run: a fresh set of workers on ``loop`` (workers of an earlier
+        run retire once they see the new epoch)."""
+        self._loop = loop
+        self.epoch += 1
+        self.workers = [Worker(self.epoch) for _ in range(self._size)]
+        for n, w in enumerate(self.workers):
+            w.task = task = loop.create_task(self.work(w), name=f"envq:{self._name}:worker-{n}")
+            # Keep workers alive even if the queue is dropped.
+            keep_alive(task)
+
+    def wake_one(self) -> None:
+        """Work became READY: wake one idle worker."""
+        idle = self.idle
+        while idle:
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(True)
+                break
+
+    def retire_idle(self) -> None:
+        """The run ended: every idle worker exits."""
+        idle = self.idle
+        while idle:
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(False)
+
+    def busy(self) -> bool:
+        """Whether a worker holds an envelope (its attempt or hooks)."""
+        return any(w.env is not None for w in self.workers)
+
+    def holding(self, env: Envelope) -> Worker | None:
+        """The worker holding ``env`` now, if any."""
+        for w in self.workers:
+            if w.env is env:
+                return w
+        return None
+
+    def cancel_in_flight(self, cause: CancelCause, spared: object) -> None:
+        """Cancel every attempt in flight that may be cancelled now (not its hooks),
+        except ``spared``'s, noting ``cause``."""
+        for w in self.workers:
+            if w.env is not None and w.cancellable and w is not spared and w.task is not None:
+                if w.cancel_cause is None:
+                    w.task.cancel()
+                    w.owed = 1
+                w.cancel_cause = cause
+
+    async def work(self, w: Worker) -> None:
+        try:
+            await self.serve(w)
+        except asyncio.CancelledError:
+            # Cancelled while idle or waiting for the rate limit (a cancel that reaches
+            # an attempt or a hook is absorbed there and ends up here as well).
+            self.abandon(w)
+            raise
+
+    async def serve(self, w: Worker) -> None:
+        host = self._host
+        loop, runner, deadlines = self._loop, self.runner, self.deadlines
+        assert loop is not None
+        assert runner is not None
+        assert deadlines is not None
+        ready = self._ready
+        idle = self.idle
+        live = self._live
+        rate = self._rate
+        call = self._call
+        plan = self._plan
+        outcome_counts = self._outcome_counts
+        clock = loop.time
+        dispatched = self._dispatch_to
+        bare_queue = self._bare
+        paid = False
+        while True:
+            if not ready:
+                # Ready work only exists while dispatching, so the lifecycle is checked
+                # here, before idling, not on every envelope.
+                if w.epoch != self.epoch or host._state not in DISPATCHING:
+                    return
+                if deadlines.armed:
+                    self.disarm_deadlines()
+                fut: asyncio.Future[bool] = loop.create_future()
+                idle.append(fut)
+                if not await fut:
+                    return
+                continue
+            if rate is not None and not paid:
+                wait = ask_limiter(self._name, rate, ready[0], "rate")
+                if wait > 0:
+                    paid = True
+                    await asyncio.sleep(wait)
+                    if w.epoch != self.epoch:
+                        return
+                    continue
+            paid = False
+            cause: BaseException | None
+            env = ready.popleft()
+            rec = env._rec
+            w.env = env
+            rec.attempts += 1
+            rec.state = dispatched
+            _ATTEMPT.set(env)
+            if host._observed:
+                host._observe(env, _READY, _DISPATCH, dispatched, None)
+            try:
+                if env._lean and bare_queue:
+                    # The attempt of an envelope with no hooks or stamps (the runner's
+                    # attempt without its hook steps, inline: it runs for every one).
+                    deadline = env.deadline
+                    if deadline:
+                        at = w.deadline_at = w.expiry = clock() + deadline
+                        if at < deadlines.armed_at:
+                            deadlines.arm(at)
+                    w.cancellable = True
+                    try:
+                        if env._async:
+                            await env.invoke(env)  # type: ignore[misc]
+                        else:
+                            await call(env.invoke, env)
+                    except BaseException as exc:
+                        outcome, cause = runner.failed(w, env, exc)
+                    else:
+                        if w.fired is None:
+                            outcome, cause = _OK, None
+                            if deadline:
+                                w.expiry = _INF
+                        else:
+                            outcome, cause = runner.swallowed(w, env)
+                    w.cancellable = False
+                else:
+                    outcome, cause = await runner.attempt(w, env)
+                # Settle the attempt: count it, note it for a stop under way, and
+                # perform its row of the outcome table.
+                outcome_counts[outcome] += 1
+                run = host._run
+                if run is not None:
+                    (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
+                pending = plan[rec.kind][outcome](w, env, rec, outcome, cause)
+                if pending is not None:
+                    await pending
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except BaseException as exc:  # the queue's own failure: log, end the envelope
+                log.exception("queue %r: internal error handling %s", self._name, env.label())
+                if live.get(env) is rec and rec.state is _RUNNING_E:
+                    host._enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)
+            finally:
+                w.env = None
+                w.cancellable = False
+                w.cancel_cause = None
+                w.deadline_at = None
+                if w.owed:  # user code swallowed envq's cancel: settle the task's count
+                    runner.absorb_cancel(w)
+            if host._run is not None and not ready:
+                host._check_drained()
+            if w.abandoned:
+                raise asyncio.CancelledError
+
+    def expire(self, limit: float) -> float:
+        """The deadline timer: cancel every worker whose limit is ``<= limit``; the
+        earliest limit still running (inf for none)."""
+        following = math.inf
+        for w in self.workers:
+            at = w.expiry
+            if at <= limit:
+                w.expiry = math.inf
+                w.fired = at
+                if w.task is not None:
+                    w.owed += 1
+                    w.task.cancel()
+            elif at < following:
+                following = at
+        return following
+
+    def disarm_deadlines(self) -> None:
+        """A worker goes idle: once no worker has a limit running, the deadline timer
+        is disarmed (a timer left armed would move a virtual clock for nothing)."""
+        for w in self.workers:
+            if w.expiry < math.inf:
+                return
+        assert self.deadlines is not None
+        self.deadlines.disarm()
+
+    def abandon(self, w: Worker) -> None:
+        """The worker's task was cancelled by someone other than envq (typically the
+        event loop closing): the queue stops at once, cancelling and parking
+        everything (the ABANDON row), and the worker exits once its envelope is
+        settled. The attempt in flight, if any, counts as cancelled by that stop."""
+        if w.abandoned:
+            return
+        w.abandoned = True
+        if w.cancel_cause is None:
+            w.cancel_cause = CancelCause.STOP
+        if w.epoch != self.epoch:
+            return  # a worker of an earlier run, on its way out
+        self._host._abandoned()
