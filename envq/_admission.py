@@ -12,6 +12,7 @@ of the SEND row of ``QUEUE_MOVES`` (resolved once).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NoReturn, Protocol, cast
@@ -32,7 +33,7 @@ from envq._machine import (
 from envq._stats import Counters
 from envq._values import Rejection
 
-__all__ = ["Admission", "Waiter"]
+__all__ = ["Admission", "Waiter", "first_delay"]
 
 _EV_SEND = EnvEvent.SEND
 
@@ -267,3 +268,15 @@ class Admission:
         finally:
             self.waiters.remove(waiter)
             self.pump()
+
+
+def first_delay(env: Envelope, loop: asyncio.AbstractEventLoop) -> float:
+    """Seconds ``env`` waits before its first run: its ``delay``, or longer to reach
+    ``not_before`` (by the loop's wall clock when it has one, as the virtual-time loop
+    does, else the system's)."""
+    delay = env.delay
+    if env.not_before is not None:
+        wall = getattr(loop, "wall_time", None)
+        now = wall() if callable(wall) else time.time()
+        delay = max(delay, env.not_before.timestamp() - now)
+    return delay

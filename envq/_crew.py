@@ -66,13 +66,7 @@ def keep_alive(task: asyncio.Task[Any]) -> None:
 
 
 class Host(Protocol):
-    """What the crew reads of the queue it serves, and the entry routines it calls."""
-
-    @property
-    def _state(self) -> QueueState: ...
-
-    @property
-    def _run(self) -> StopRun | None: ...
+    """The queue's entry routines the crew moves envelopes with."""
 
     @property
     def _observed(self) -> bool: ...
@@ -97,9 +91,19 @@ class Host(Protocol):
         at: float | None = None,
     ) -> None: ...
 
-    def _check_drained(self) -> None: ...
 
-    def _abandoned(self) -> None: ...
+class Life(Protocol):
+    """What the crew reads of the queue's lifecycle, and the rows it asks for."""
+
+    @property
+    def state(self) -> QueueState: ...
+
+    @property
+    def run(self) -> StopRun | None: ...
+
+    def check_drained(self) -> None: ...
+
+    def abandoned(self) -> None: ...
 
 
 class Crew:
@@ -141,6 +145,7 @@ class Crew:
         self._bare = bare
         self._dispatch_to = dispatch_to
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._life: Life | None = None
         #: The attempt runner and the deadline timer (attached once both exist: each
         #: calls back into the crew).
         self.runner: Runner | None = None
@@ -153,13 +158,18 @@ class Crew:
         self.epoch = 0
 
     def attach(
-        self, runner: Runner, deadlines: Deadlines, plan: dict[Kind, dict[Outcome, Perform]]
+        self,
+        runner: Runner,
+        deadlines: Deadlines,
+        plan: dict[Kind, dict[Outcome, Perform]],
+        life: Life,
     ) -> None:
-        """The attempt runner, the deadline timer and the resolved outcome table the
-        workers use."""
+        """The attempt runner, the deadline timer, the resolved outcome table and the
+        queue's lifecycle the workers use."""
         self.runner = runner
         self.deadlines = deadlines
         self._plan = plan
+        self._life = life
 
     def spawn(self, loop: asyncio.AbstractEventLoop) -> None:
         """Begin a new run: a fresh set of workers on ``loop`` (workers of an earlier
@@ -221,7 +231,9 @@ class Crew:
 
     async def serve(self, w: Worker) -> None:
         host = self._host
+        life = self._life
         loop, runner, deadlines = self._loop, self.runner, self.deadlines
+        assert life is not None
         assert loop is not None
         assert runner is not None
         assert deadlines is not None
@@ -240,7 +252,7 @@ class Crew:
             if not ready:
                 # Ready work only exists while dispatching, so the lifecycle is checked
                 # here, before idling, not on every envelope.
-                if w.epoch != self.epoch or host._state not in DISPATCHING:
+                if w.epoch != self.epoch or life.state not in DISPATCHING:
                     return
                 if deadlines.armed:
                     self.disarm_deadlines()
@@ -297,7 +309,7 @@ class Crew:
                 # Settle the attempt: count it, note it for a stop under way, and
                 # perform its row of the outcome table.
                 outcome_counts[outcome] += 1
-                run = host._run
+                run = life.run
                 if run is not None:
                     (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
                 pending = plan[rec.kind][outcome](w, env, rec, outcome, cause)
@@ -316,8 +328,8 @@ class Crew:
                 w.deadline_at = None
                 if w.owed:  # user code swallowed envq's cancel: settle the task's count
                     runner.absorb_cancel(w)
-            if host._run is not None and not ready:
-                host._check_drained()
+            if life.run is not None and not ready:
+                life.check_drained()
             if w.abandoned:
                 raise asyncio.CancelledError
 
@@ -358,4 +370,5 @@ class Crew:
             w.cancel_cause = CancelCause.STOP
         if w.epoch != self.epoch:
             return  # a worker of an earlier run, on its way out
-        self._host._abandoned()
+        assert self._life is not None
+        self._life.abandoned()

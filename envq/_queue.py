@@ -19,32 +19,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import signal
 import threading
-import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, TypeVar, assert_never, cast
+from typing import Any, Final, TypeVar
 
 from envq import _checks, _machine
-from envq._admission import Admission
+from envq._admission import Admission, first_delay
 from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
 from envq._crew import ATTEMPT, Crew, keep_alive
 from envq._entry import check_own_loop, elsewhere, hand_over, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
+from envq._lifecycle import Lifecycle, check_arrives
 from envq._limits import RateLimiter, forget_limiter
 from envq._listeners import Listener, Listeners
 from envq._machine import (
     ENVELOPE_MOVES,
-    INITIAL_QUEUE,
     LIFECYCLE,
     QUEUE_MOVES,
     SETTLED,
-    STAYING,
     CancelCause,
     EnvEvent,
     EnvState,
@@ -56,13 +52,13 @@ from envq._machine import (
     QueueState,
 )
 from envq._outcomes import Settler
-from envq._stats import Counters, StopRun, report
+from envq._signals import checked_signals, on_first_signal, to_dead_letter
+from envq._stats import Counters
 from envq._timers import Deadlines, DelayHeap
 from envq._values import (
     Attempt,
     Event,
     HookTimeout,
-    Rejection,
     Statistics,
     StopMode,
     StopReport,
@@ -80,21 +76,14 @@ _running_loop: Final = running_loop
 # work of ``_enter``; no rule is spelled with them (the targets come from the tables).
 _READY: Final = EnvState.READY
 _DELAYED: Final = EnvState.DELAYED
-_RUNNING_E: Final = EnvState.RUNNING
 _PARKED: Final = EnvState.PARKED
 _BUFFERED: Final = EnvState.BUFFERED
 _RETURNED: Final = EnvState.RETURNED
 _FAILED: Final = EnvState.FAILED
-_OK: Final = Outcome.OK
-_CANCELLED: Final = Outcome.CANCELLED
-_STOPPING_Q: Final = QueueState.STOPPING
 _ADMIT: Final = LifeAction.ADMIT
 _SEND: Final = QueueCall.SEND
-_DISPATCH: Final = EnvEvent.DISPATCH
 _DUE: Final = EnvEvent.DUE
-_EV_SEND: Final = EnvEvent.SEND
 _PERIODIC: Final = Kind.PERIODIC
-_INF: Final = math.inf
 
 
 class Queue:
@@ -161,13 +150,11 @@ class Queue:
         self.limiter: Final = limiter
         self.dead_letter: Final = dead_letter
         self._dead_async = dead_letter is not None and is_async_callable(dead_letter)
-        self._empty_waiters: list[asyncio.Future[None]] = []
         self.hook_timeout: Final = hook_timeout
         self.log_unhandled: Final = log_unhandled
         #: The termination under way (or done), once it had to wait for a stop.
         self._closing: asyncio.Task[list[Envelope]] | None = None
 
-        self._state = INITIAL_QUEUE
         # The queue-side rows the hot path performs, resolved once (QUEUE_MOVES): where
         # a sent envelope goes (buffered, or armed by whether it must wait), where a
         # due one goes, where a dispatched one goes.
@@ -175,7 +162,6 @@ class Queue:
         self._dispatch_to = QUEUE_MOVES[(_READY, EnvEvent.DISPATCH)].targets[None]
         #: The terminal states (TERMINAL_STATES), read once.
         self._terminal = _machine.TERMINAL_STATES
-        self._send_row = self._row_for_send(self._state)
         self._loop: asyncio.AbstractEventLoop | None = None
         #: ``loop.time`` once the queue is bound to its loop.
         self._clock: Callable[[], float] = self._unbound_clock
@@ -190,9 +176,6 @@ class Queue:
         #: The thread the queue's loop runs in (known once bound).
         self._loop_thread: int | None = None
         self._blacklist: set[str] = set()
-        self._run: StopRun | None = None
-        self._last_report = StopReport()
-        self._stopped_waiters: list[asyncio.Future[None]] = []
         #: (admission number, envelope) handed back by the terminate under way.
         self._handed: list[tuple[int, Envelope]] = []
         self._counts = Counters()
@@ -228,8 +211,8 @@ class Queue:
             counts=self._counts,
             enter=self._enter,
             first_delay=self._first_delay,
-            send_row=lambda: self._send_row,
-            refuse_state=lambda row, batch: self._life(row, QueueCall.SEND, batch),
+            send_row=lambda: self._lc.send_row,
+            refuse_state=lambda row, batch: self._lc.perform(row, QueueCall.SEND, batch),
         )
         self._waiters = self._admission.waiters
         self._admit = self._admission.admit
@@ -239,14 +222,27 @@ class Queue:
             limiter=limiter,
             runner=self._runner,
             enter=self._enter,
-            queue_state=lambda: self._state,
+            queue_state=lambda: self._lc.state,
             live=self._live,
             ready=self._ready,
             blacklist=self._blacklist,
             listeners=self._events,
             log_unhandled=log_unhandled,
         )
-        self._crew.attach(self._runner, self._deadlines, self._settler.plan)
+        self._lc = Lifecycle(
+            name,
+            self,
+            live=self._live,
+            ready=self._ready,
+            admission=self._admission,
+            crew=self._crew,
+            delays=self._delays,
+            deadlines=self._deadlines,
+            threads=self._threads,
+            counts=self._counts,
+            listeners=self._events,
+        )
+        self._crew.attach(self._runner, self._deadlines, self._settler.plan, self._lc)
         #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
 
@@ -257,7 +253,7 @@ class Queue:
     @property
     def state(self) -> QueueState:
         """The lifecycle state."""
-        return self._state
+        return self._lc.state
 
     @property
     def capacity_used(self) -> int:
@@ -265,7 +261,7 @@ class Queue:
         return len(self._live)
 
     def __repr__(self) -> str:
-        return f"<envq.Queue {self.name!r} {self._state.name} {len(self._live)} live>"
+        return f"<envq.Queue {self.name!r} {self._lc.state.name} {len(self._live)} live>"
 
     def start(self) -> None:
         """Start (or restart) the queue; needs a running event loop.
@@ -281,9 +277,9 @@ class Queue:
             if bound.is_running():
                 self._from_elsewhere(self.start)
                 return
-            row = LIFECYCLE[(self._state, QueueCall.START)]
+            row = LIFECYCLE[(self._lc.state, QueueCall.START)]
             if row.action is LifeAction.REJECT:
-                self._life(row, QueueCall.START)
+                self._lc.perform(row, QueueCall.START)
             raise RuntimeError(
                 f"queue {self.name!r} is bound to another event loop, which is not running; "
                 "start it from a coroutine on that loop"
@@ -294,7 +290,7 @@ class Queue:
                 "coroutine, or from any thread once the queue's loop is running)"
             )
         self._bound_loop()
-        self._life(LIFECYCLE[(self._state, QueueCall.START)], QueueCall.START)
+        self._lc.perform(LIFECYCLE[(self._lc.state, QueueCall.START)], QueueCall.START)
 
     def send(self, *envelopes: Envelope) -> None:
         """Admit envelopes; all or nothing; never blocks.
@@ -316,11 +312,11 @@ class Queue:
                 return self._from_elsewhere(self.send, *envelopes)
             if self._listeners and threading.get_ident() != self._loop_thread:
                 return self._send_aside(loop, envelopes)
-        row = self._send_row
+        row = self._lc.send_row
         if row.action is _ADMIT:
             self._admit(envelopes, False)
         else:
-            self._life(row, _SEND, envelopes)
+            self._lc.perform(row, _SEND, envelopes)
         return None
 
     def _send_aside(self, loop: asyncio.AbstractEventLoop, envelopes: Sequence[Envelope]) -> None:
@@ -336,11 +332,11 @@ class Queue:
         else:
             self._aside = events
         try:
-            row = self._send_row
+            row = self._lc.send_row
             if row.action is _ADMIT:
                 self._admit(envelopes, False)
             else:
-                self._life(row, _SEND, envelopes)
+                self._lc.perform(row, _SEND, envelopes)
         finally:
             self._aside = None
 
@@ -395,16 +391,16 @@ class Queue:
                 f"queue {self.name!r}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)"
             )
         self._own_loop("stop")
-        row = LIFECYCLE[(self._state, QueueCall.STOP)]
-        waiting = self._life(
+        row = LIFECYCLE[(self._lc.state, QueueCall.STOP)]
+        waiting = self._lc.perform(
             row, QueueCall.STOP, mode=mode, cause=CancelCause.STOP if cancel else None
         )
         if waiting is None:
-            return self._last_report
+            return self._lc.last_report
         if self._inside() is not None or not (self.wait if wait is None else wait):
-            return self._make_report()
+            return self._lc.make_report()
         await asyncio.shield(waiting)
-        return self._last_report
+        return self._lc.last_report
 
     async def wait_stopped(self) -> StopReport:
         """The final report once the queue is STOPPED (waits for the next stop to end).
@@ -414,12 +410,12 @@ class Queue:
         self._own_loop("wait_stopped")
         if self._inside() is not None:
             raise RuntimeError(f"queue {self.name!r}: wait_stopped() from inside the queue")
-        if self._state in SETTLED:
-            return self._last_report
+        if self._lc.state in SETTLED:
+            return self._lc.last_report
         fut = self._bound_loop().create_future()
-        self._stopped_waiters.append(fut)
+        self._lc.stopped_waiters.append(fut)
         await asyncio.shield(fut)
-        return self._last_report
+        return self._lc.last_report
 
     async def terminate(self) -> list[Envelope]:
         """End the queue for good and hand back every envelope still in it.
@@ -442,9 +438,9 @@ class Queue:
         if closing is not None:
             await asyncio.shield(closing)
             return []
-        row = LIFECYCLE[(self._state, QueueCall.TERMINATE)]
+        row = LIFECYCLE[(self._lc.state, QueueCall.TERMINATE)]
         self._handed = []
-        waiting = self._life(
+        waiting = self._lc.perform(
             row, QueueCall.TERMINATE, mode=StopMode.STOP, cause=CancelCause.TERMINATE
         )
         if row.action is LifeAction.NOTHING:  # already terminated
@@ -464,18 +460,18 @@ class Queue:
         while next_ is not None:
             await next_
             # Normally STOPPED → HAND_BACK; a start() that slipped in stops again.
-            next_ = self._life(
-                LIFECYCLE[(self._state, QueueCall.TERMINATE)],
+            next_ = self._lc.perform(
+                LIFECYCLE[(self._lc.state, QueueCall.TERMINATE)],
                 QueueCall.TERMINATE,
                 mode=StopMode.STOP,
                 cause=CancelCause.TERMINATE,
             )
-        _check_arrives(row, self._state)
+        check_arrives(row, self._lc.state)
         return self._hand_over()
 
     def _hand_over(self) -> list[Envelope]:
         """The envelopes the termination handed back, in admission order."""
-        assert self._state is QueueState.TERMINATED, self._state
+        assert self._lc.state is QueueState.TERMINATED, self._lc.state
         handed = sorted(self._handed, key=lambda pair: pair[0])
         self._handed = []
         self.leftovers = [env for _seq, env in handed]
@@ -497,7 +493,7 @@ class Queue:
         self.start()
         if self._live:
             fut = self._bound_loop().create_future()
-            self._empty_waiters.append(fut)
+            self._lc.empty_waiters.append(fut)
             await asyncio.shield(fut)
         return await self.stop()
 
@@ -552,7 +548,7 @@ class Queue:
         if self._elsewhere():
             return self._from_elsewhere(self.statistics)
         return self._counts.snapshot(
-            self._state,
+            self._lc.state,
             (rec.state for rec in self._live.values()),
             capacity_limit=self.capacity,
             stuck_threads=self._threads.stuck,
@@ -575,12 +571,7 @@ class Queue:
         :raises RuntimeError: called outside the queue's running loop.
         """
         where = f"queue {self.name!r}: stop_on_signals() signals"
-        wanted = signals or (signal.SIGINT, signal.SIGTERM)
-        valid = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
-        for sig in wanted:
-            _checks.integer(where, sig, minimum=1)
-            if sig not in valid:
-                raise ValueError(f"{where}: {sig!r} cannot be handled")
+        wanted = checked_signals(where, signals)
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -591,28 +582,7 @@ class Queue:
                 f"queue {self.name!r}: stop_on_signals() must be called from a coroutine "
                 "on the queue's event loop"
             )
-        loop = self._bound_loop()
-        before = {sig: signal.getsignal(sig) for sig in wanted}
-        given_back = False
-
-        def give_back() -> None:
-            nonlocal given_back
-            if given_back:
-                return
-            given_back = True
-            for sig, handler in before.items():
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-
-        def on_signal(sig: int) -> None:
-            give_back()
-            log.info("queue %r: %s received, stopping", self.name, signal.Signals(sig).name)
-            task = loop.create_task(self.stop(), name=f"envq:{self.name}:stop-on-signal")
-            keep_alive(task)
-
-        for sig in wanted:
-            loop.add_signal_handler(sig, on_signal, sig)
-        return give_back
+        return on_first_signal(self._bound_loop(), self.name, wanted, self.stop)
 
     async def __aenter__(self) -> Queue:
         self.start()
@@ -630,7 +600,7 @@ class Queue:
         (in-flight attempts cancelled). Either way the exit returns only once the queue
         is TERMINATED, and re-raises such a cancellation afterwards."""
         interrupted = False
-        if self._state is QueueState.TERMINATED:
+        if self._lc.state is QueueState.TERMINATED:
             return
         if exc_type is None or not issubclass(exc_type, asyncio.CancelledError):
             try:
@@ -669,7 +639,7 @@ class Queue:
         if live:
             message = (
                 f"envq.Queue {getattr(self, 'name', '?')!r} was garbage-collected holding "
-                f"{len(live)} envelope(s) ({self._state.name}): they are lost; terminate() "
+                f"{len(live)} envelope(s) ({self._lc.state.name}): they are lost; terminate() "
                 "it and keep what it hands back"
             )
             # A ResourceWarning is hidden by default; lost work must be seen.
@@ -677,206 +647,8 @@ class Queue:
                 log.warning("%s", message)
             warnings.warn(message, ResourceWarning, source=self, stacklevel=1)
 
-    # ----------------------------------------------------------------------------------
-    # The lifecycle interpreter
-    # ----------------------------------------------------------------------------------
-
-    def _life(
-        self,
-        row: LifeRow,
-        call: QueueCall,
-        batch: Sequence[Envelope] = (),
-        *,
-        mode: StopMode = StopMode.STOP,
-        cause: CancelCause | None = None,
-    ) -> asyncio.Future[None] | None:
-        """Perform a lifecycle row; return the future to await, if the call waits."""
-        _check_stays(row, self._state)
-        match row.action:
-            case LifeAction.BUFFER | LifeAction.ADMIT:
-                self._admit(batch, False, row.action is LifeAction.BUFFER)
-                return None
-            case LifeAction.NOTHING:
-                return None
-            case LifeAction.REJECT:
-                assert row.error is not None
-                self._counts.rejections[Rejection.STATE] += 1
-                about = ", ".join(
-                    env.label() if isinstance(env, Envelope) else repr(env) for env in batch[:3]
-                )
-                raise row.error(
-                    f"queue {self.name!r} is {self._state.name}: {call.value}() is not allowed"
-                    + (f" ({about}{', …' if len(batch) > 3 else ''})" if batch else "")
-                )
-            case LifeAction.ARM:
-                self._arm_all(row)
-                return None
-            case LifeAction.BEGIN_STOP:
-                return self._begin_stop(row, mode, cause)
-            case LifeAction.AWAIT_STOP:
-                assert self._run is not None
-                return self._run.done
-            case LifeAction.FINISH_STOP:
-                self._finish_stop(row)
-                return None
-            case LifeAction.STOP_THEN_TERMINATE:
-                return self._begin_stop(LIFECYCLE[(self._state, QueueCall.STOP)], mode, cause)
-            case LifeAction.ESCALATE_THEN_TERMINATE | LifeAction.ESCALATE:
-                return self._escalate(cause)
-            case LifeAction.HAND_BACK:
-                self._hand_back(row)
-                return None
-            case _:
-                assert_never(row.action)
-
-    def _set_state(self, to: QueueState | None, *, pump: bool = True) -> None:
-        """Enter queue state ``to``; then (unless told not to) admit waiting producers
-        the new state lets in."""
-        assert to is not None
-        frm, self._state = self._state, to
-        self._send_row = self._row_for_send(to)
-        if frm is not to and self._listeners:
-            self._emit(Event(self._now(), self.name, None, frm, to))
-        if pump and self._waiters:
-            self._pump()
-
-    @staticmethod
-    def _row_for_send(state: QueueState) -> LifeRow:
-        """The SEND row of ``state``, cached by ``send()``'s fast path (which then skips
-        ``_life``, so the strict self-loop check is made here)."""
-        row = LIFECYCLE[(state, QueueCall.SEND)]
-        _check_stays(row, state)
-        return row
-
-    def _arm_all(self, row: LifeRow) -> None:
-        loop = self._bound_loop()
-        self._run = None
-        # Waiting producers are let in only once everything already admitted is armed:
-        # their envelopes enter READY/DELAYED by admission, not by START, and queue up
-        # behind the earlier ones.
-        self._set_state(row.target, pump=False)
-        self._crew.spawn(loop)
-        for env, rec in list(self._live.items()):
-            delay = self._first_delay(env) if rec.state is _BUFFERED else rec.due
-            to = _machine.queue_move(rec.state, EnvEvent.START, delay > 0)
-            assert to is not None, rec.state
-            self._enter(env, rec, EnvEvent.START, to, delay)
-        if self._waiters:
-            self._pump()
-
-    def _begin_stop(
-        self, row: LifeRow, mode: StopMode, cause: CancelCause | None
-    ) -> asyncio.Future[None]:
-        run = self._run = StopRun(self._bound_loop().create_future())
-        run.spared = self._inside()
-        self._set_state(row.target)
-        self._park(mode)
-        self._cancel_in_flight(cause)
-        self._check_drained()
-        return run.done
-
-    def _escalate(self, cause: CancelCause | None) -> asyncio.Future[None]:
-        run = self._run
-        assert run is not None
-        self._park(StopMode.STOP)
-        run.spared = None  # terminate spares nobody
-        self._cancel_in_flight(cause)
-        self._check_drained()
-        return run.done
-
-    def _park(self, mode: StopMode) -> None:
-        """Park what a stop in ``mode`` parks (the STOP rows of ``QUEUE_MOVES``: delayed
-        envelopes, and ready ones too in STOP mode), in admission order."""
-        move = _machine.queue_move
-        if move(_READY, EnvEvent.STOP, mode) is not None:
-            self._ready.clear()
-        now = self._bound_loop().time()
-        for env, rec in self._live.items():
-            to = move(rec.state, EnvEvent.STOP, mode)
-            if to is not None:
-                rec.tick = 0
-                remaining = max(0.0, rec.due - now) if rec.state is _DELAYED else 0.0
-                self._move(env, rec, EnvEvent.STOP, to)
-                rec.due = remaining
-        # Both modes park every DELAYED envelope: no entry of the delay heap is live.
-        self._delays.clear()
-
-    def _cancel_in_flight(self, cause: CancelCause | None) -> None:
-        if cause is not None:
-            self._crew.cancel_in_flight(cause, self._run.spared if self._run else None)
-
-    def _check_drained(self) -> None:
-        if self._ready or self._state is not _STOPPING_Q or self._crew.busy():
-            return
-        self._life(LIFECYCLE[(self._state, QueueCall.DRAINED)], QueueCall.DRAINED)
-
-    def _finish_stop(self, row: LifeRow) -> None:
-        self._set_state(row.target)
-        self._deadlines.disarm()  # no worker holds an envelope: no limit is running
-        self._last_report = self._make_report()
-        run = self._run
-        self._run = None
-        self._crew.retire_idle()
-        if run is not None and not run.done.done():
-            run.done.set_result(None)
-        self._wake_stopped()
-
-    def _hand_back(self, row: LifeRow) -> None:
-        # State first: waiting producers must see TERMINATED, not the room handing
-        # back frees.
-        self._set_state(row.target)
-        for env, rec in list(self._live.items()):
-            to = _machine.queue_move(rec.state, EnvEvent.TERMINATE)
-            assert to is not None, rec.state
-            self._enter(env, rec, EnvEvent.TERMINATE, to)
-        self._threads.shutdown()
-        self._deadlines.disarm()
-        self._wake_stopped()
-
-    def _wake_empty(self) -> None:
-        waiters, self._empty_waiters = self._empty_waiters, []
-        _release(waiters)
-
-    def _to_dead_letter(self, env: Envelope, error: BaseException | None) -> None:
-        dead_letter = self.dead_letter
-        assert dead_letter is not None
-        if self._dead_async:
-            task = self._bound_loop().create_task(self._dead_letter_async(dead_letter, env, error))
-            keep_alive(task)
-            return
-        try:
-            dead_letter(env, error)
-        except BaseException:
-            log.exception("queue %r: dead_letter failed for %s", self.name, env.label())
-
-    async def _dead_letter_async(
-        self, dead_letter: DeadLetter, env: Envelope, error: BaseException | None
-    ) -> None:
-        try:
-            await cast("Coroutine[Any, Any, object]", dead_letter(env, error))
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except BaseException:
-            log.exception("queue %r: dead_letter failed for %s", self.name, env.label())
-
-    def _wake_stopped(self) -> None:
-        waiters, self._stopped_waiters = self._stopped_waiters, []
-        _release(waiters)
-
-    def _make_report(self) -> StopReport:
-        return report(
-            self._run,
-            (env for env, rec in self._live.items() if rec.state is _PARKED),
-            self._state in SETTLED,
-        )
-
     def _first_delay(self, env: Envelope) -> float:
-        delay = env.delay
-        if env.not_before is not None:
-            wall = getattr(self._bound_loop(), "wall_time", None)
-            now = wall() if callable(wall) else _wall_now()
-            delay = max(delay, env.not_before.timestamp() - now)
-        return delay
+        return first_delay(env, self._bound_loop())
 
     # ----------------------------------------------------------------------------------
     # Envelope moves
@@ -964,7 +736,9 @@ class Queue:
                 self._observe(env, frm, event, to, cause)
             if to is _FAILED:
                 if self.dead_letter is not None:
-                    self._to_dead_letter(env, cause)
+                    to_dead_letter(
+                        self.name, self.dead_letter, self._dead_async, env, cause, self._loop
+                    )
                 elif self.log_unhandled and env.on_failure is None and not self._events.handlers:
                     log.warning(
                         "queue %r: %s failed and nothing handles it (no on_failure, "
@@ -974,8 +748,8 @@ class Queue:
                         cause,
                         exc_info=cause,
                     )
-            if self._empty_waiters and not self._live:
-                self._wake_empty()
+            if self._lc.empty_waiters and not self._live:
+                self._lc.wake_empty()
             if self._waiters:
                 self._pump()
         elif to is _PARKED or to is _BUFFERED:
@@ -1046,15 +820,6 @@ class Queue:
         owner: object = env._rec.owner if env is not None else None
         return self._crew.holding(env) if owner is self and env is not None else None
 
-    def _abandoned(self) -> None:
-        """A worker task was cancelled by someone other than envq: the ABANDON row."""
-        self._life(
-            LIFECYCLE[(self._state, QueueCall.ABANDON)],
-            QueueCall.ABANDON,
-            mode=StopMode.STOP,
-            cause=CancelCause.STOP,
-        )
-
 
 def current_attempt() -> Attempt | None:
     """The attempt the calling code runs in — from ``invoke``, a hook, a stamp, or a
@@ -1065,27 +830,3 @@ def current_attempt() -> Attempt | None:
         return None
     w = owner._crew.holding(env)
     return None if w is None else Attempt(owner, env, env._rec.attempts, w.deadline_at)
-
-
-def _check_stays(row: LifeRow, state: QueueState) -> None:
-    """Under STRICT: a row whose action keeps the state must name it as its target."""
-    if _machine.STRICT and row.action in STAYING:
-        assert row.target is state, f"{row} must leave the state unchanged"
-
-
-def _check_arrives(row: LifeRow, state: QueueState) -> None:
-    """Under STRICT: a composite row (a stop, then a terminate) must end in its target,
-    though the rows it runs through are the ones that move the state."""
-    if _machine.STRICT:
-        assert row.target is state, f"{row} ended in {state.name}"
-
-
-def _release(futures: Iterable[asyncio.Future[None]]) -> None:
-    """Resolve every future not already done (cancelled waiters are skipped)."""
-    for fut in futures:
-        if not fut.done():
-            fut.set_result(None)
-
-
-def _wall_now() -> float:
-    return time.time()

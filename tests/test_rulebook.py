@@ -21,8 +21,8 @@ ROOT = Path(envq.__file__).resolve().parent
 WRITERS = frozenset(
     {
         ("_envelope.py", "__init__"),  # a record's initial state, INITIAL
-        ("_queue.py", "__init__"),  # the initial lifecycle state, INITIAL_QUEUE
-        ("_queue.py", "_set_state"),  # every lifecycle move
+        ("_lifecycle.py", "__init__"),  # the initial lifecycle state, INITIAL_QUEUE
+        ("_lifecycle.py", "set_state"),  # every lifecycle move
         ("_admission.py", "admit"),  # the initial envelope state, INITIAL
         ("_queue.py", "_move"),
         ("_queue.py", "_enter"),
@@ -116,7 +116,7 @@ class TestOnlyTheInterpreterWritesStates:
     def test_the_walk_finds_the_writes(self) -> None:
         """The walk sees the interpreter's writes (so an empty result means something)."""
         writes = {func for func, _line, _s in state_writes(ROOT / "_queue.py")}
-        assert {"_enter", "_move", "_set_state"} <= writes
+        assert {"_enter", "_move"} <= writes
 
     @pytest.mark.parametrize(
         ("source", "spelled"),

@@ -1,0 +1,331 @@
+"""The lifecycle interpreter: the queue's state, and what each lifecycle row does.
+
+The queue's public calls look up ``LIFECYCLE[(state, call)]`` and hand the row to
+:meth:`Lifecycle.perform`, which performs its :class:`LifeAction` in one exhaustive
+``match`` (mypy proves every action handled). The one queue state field lives here,
+with what a stop under way needs: its run (who it spared, what it cancelled), its final
+report, and the callers waiting for it. Envelopes move only through the queue's entry
+routines (:class:`Host`); the workers, the delay heap and the deadline timer are the
+queue's, lent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Final, Protocol, assert_never
+
+from envq import _machine
+from envq._admission import Admission
+from envq._attempt import Threads, Worker
+from envq._crew import Crew
+from envq._envelope import Envelope, _Rec
+from envq._listeners import Listeners
+from envq._machine import (
+    INITIAL_QUEUE,
+    LIFECYCLE,
+    SETTLED,
+    STAYING,
+    CancelCause,
+    EnvEvent,
+    EnvState,
+    LifeAction,
+    LifeRow,
+    Outcome,
+    QueueCall,
+    QueueState,
+)
+from envq._stats import Counters, StopRun, report
+from envq._timers import Deadlines, DelayHeap
+from envq._values import Event, Rejection, StopMode, StopReport
+
+__all__ = ["Host", "Lifecycle", "check_arrives", "check_stays", "release"]
+
+_READY: Final = EnvState.READY
+_DELAYED: Final = EnvState.DELAYED
+_BUFFERED: Final = EnvState.BUFFERED
+_PARKED: Final = EnvState.PARKED
+_STOPPING_Q: Final = QueueState.STOPPING
+
+
+class Host(Protocol):
+    """The queue's side: its entry routines and its loop."""
+
+    def _enter(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        delay: float = 0.0,
+        cause: BaseException | None = None,
+        at: float | None = None,
+    ) -> None: ...
+
+    def _move(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        cause: BaseException | None = None,
+    ) -> None: ...
+
+    def _emit(self, event: Event) -> None: ...
+
+    def _now(self) -> float: ...
+
+    def _inside(self) -> Worker | None: ...
+
+    def _bound_loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def _first_delay(self, env: Envelope) -> float: ...
+
+
+class Lifecycle:
+    """The lifecycle machine of one queue, performed.
+
+    :param host: the queue (its entry routines and loop).
+    :param live: its live envelopes; ``ready``: its ready deque; the admission, crew,
+        delay heap, deadline timer, thread pool, counters and listeners are its own,
+        lent.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        host: Host,
+        *,
+        live: dict[Envelope, _Rec],
+        ready: deque[Envelope],
+        admission: Admission,
+        crew: Crew,
+        delays: DelayHeap,
+        deadlines: Deadlines,
+        threads: Threads,
+        counts: Counters,
+        listeners: Listeners,
+    ) -> None:
+        self._name = name
+        self._host = host
+        self._live = live
+        self._ready = ready
+        self._admission = admission
+        self._crew = crew
+        self._delays = delays
+        self._deadlines = deadlines
+        self._threads = threads
+        self._counts = counts
+        self._listeners = listeners
+        #: The queue's lifecycle state: the one field, every predicate derived from it.
+        self.state = INITIAL_QUEUE
+        #: The SEND row of the current state (``send()``'s fast path reads it).
+        self.send_row = self.row_for_send(self.state)
+        #: The stop under way, if any.
+        self.run: StopRun | None = None
+        #: The last stop's final report.
+        self.last_report = StopReport()
+        #: Callers of ``wait_stopped()`` and ``run_until_empty()``.
+        self.stopped_waiters: list[asyncio.Future[None]] = []
+        self.empty_waiters: list[asyncio.Future[None]] = []
+
+    def row(self, call: QueueCall) -> LifeRow:
+        """The row of ``call`` in the current state."""
+        return LIFECYCLE[(self.state, call)]
+
+    def perform(
+        self,
+        row: LifeRow,
+        call: QueueCall,
+        batch: Sequence[Envelope] = (),
+        *,
+        mode: StopMode = StopMode.STOP,
+        cause: CancelCause | None = None,
+    ) -> asyncio.Future[None] | None:
+        """Perform a lifecycle row; return the future to await, if the call waits."""
+        check_stays(row, self.state)
+        match row.action:
+            case LifeAction.BUFFER | LifeAction.ADMIT:
+                self._admission.admit(batch, False, row.action is LifeAction.BUFFER)
+                return None
+            case LifeAction.NOTHING:
+                return None
+            case LifeAction.REJECT:
+                assert row.error is not None
+                self._counts.rejections[Rejection.STATE] += 1
+                about = ", ".join(
+                    env.label() if isinstance(env, Envelope) else repr(env) for env in batch[:3]
+                )
+                raise row.error(
+                    f"queue {self._name!r} is {self.state.name}: {call.value}() is not allowed"
+                    + (f" ({about}{', …' if len(batch) > 3 else ''})" if batch else "")
+                )
+            case LifeAction.ARM:
+                self.arm_all(row)
+                return None
+            case LifeAction.BEGIN_STOP:
+                return self.begin_stop(row, mode, cause)
+            case LifeAction.AWAIT_STOP:
+                assert self.run is not None
+                return self.run.done
+            case LifeAction.FINISH_STOP:
+                self.finish_stop(row)
+                return None
+            case LifeAction.STOP_THEN_TERMINATE:
+                return self.begin_stop(LIFECYCLE[(self.state, QueueCall.STOP)], mode, cause)
+            case LifeAction.ESCALATE_THEN_TERMINATE | LifeAction.ESCALATE:
+                return self.escalate(cause)
+            case LifeAction.HAND_BACK:
+                self.hand_back(row)
+                return None
+            case _:
+                assert_never(row.action)
+
+    def set_state(self, to: QueueState | None, *, pump: bool = True) -> None:
+        """Enter queue state ``to``; then (unless told not to) admit waiting producers
+        the new state lets in."""
+        assert to is not None
+        frm, self.state = self.state, to
+        self.send_row = self.row_for_send(to)
+        if frm is not to and self._listeners.listeners:
+            self._host._emit(Event(self._host._now(), self._name, None, frm, to))
+        if pump and self._admission.waiters:
+            self._admission.pump()
+
+    @staticmethod
+    def row_for_send(state: QueueState) -> LifeRow:
+        """The SEND row of ``state``, cached by ``send()``'s fast path (which then skips
+        ``_life``, so the strict self-loop check is made here)."""
+        row = LIFECYCLE[(state, QueueCall.SEND)]
+        check_stays(row, state)
+        return row
+
+    def arm_all(self, row: LifeRow) -> None:
+        loop = self._host._bound_loop()
+        self.run = None
+        # Waiting producers are let in only once everything already admitted is armed:
+        # their envelopes enter READY/DELAYED by admission, not by START, and queue up
+        # behind the earlier ones.
+        self.set_state(row.target, pump=False)
+        self._crew.spawn(loop)
+        for env, rec in list(self._live.items()):
+            delay = self._host._first_delay(env) if rec.state is _BUFFERED else rec.due
+            to = _machine.queue_move(rec.state, EnvEvent.START, delay > 0)
+            assert to is not None, rec.state
+            self._host._enter(env, rec, EnvEvent.START, to, delay)
+        if self._admission.waiters:
+            self._admission.pump()
+
+    def begin_stop(
+        self, row: LifeRow, mode: StopMode, cause: CancelCause | None
+    ) -> asyncio.Future[None]:
+        run = self.run = StopRun(self._host._bound_loop().create_future())
+        run.spared = self._host._inside()
+        self.set_state(row.target)
+        self.park(mode)
+        self.cancel_in_flight(cause)
+        self.check_drained()
+        return run.done
+
+    def escalate(self, cause: CancelCause | None) -> asyncio.Future[None]:
+        run = self.run
+        assert run is not None
+        self.park(StopMode.STOP)
+        run.spared = None  # terminate spares nobody
+        self.cancel_in_flight(cause)
+        self.check_drained()
+        return run.done
+
+    def park(self, mode: StopMode) -> None:
+        """Park what a stop in ``mode`` parks (the STOP rows of ``QUEUE_MOVES``: delayed
+        envelopes, and ready ones too in STOP mode), in admission order."""
+        move = _machine.queue_move
+        if move(_READY, EnvEvent.STOP, mode) is not None:
+            self._ready.clear()
+        now = self._host._bound_loop().time()
+        for env, rec in self._live.items():
+            to = move(rec.state, EnvEvent.STOP, mode)
+            if to is not None:
+                rec.tick = 0
+                remaining = max(0.0, rec.due - now) if rec.state is _DELAYED else 0.0
+                self._host._move(env, rec, EnvEvent.STOP, to)
+                rec.due = remaining
+        # Both modes park every DELAYED envelope: no entry of the delay heap is live.
+        self._delays.clear()
+
+    def cancel_in_flight(self, cause: CancelCause | None) -> None:
+        if cause is not None:
+            self._crew.cancel_in_flight(cause, self.run.spared if self.run else None)
+
+    def check_drained(self) -> None:
+        if self._ready or self.state is not _STOPPING_Q or self._crew.busy():
+            return
+        self.perform(LIFECYCLE[(self.state, QueueCall.DRAINED)], QueueCall.DRAINED)
+
+    def finish_stop(self, row: LifeRow) -> None:
+        self.set_state(row.target)
+        self._deadlines.disarm()  # no worker holds an envelope: no limit is running
+        self.last_report = self.make_report()
+        run = self.run
+        self.run = None
+        self._crew.retire_idle()
+        if run is not None and not run.done.done():
+            run.done.set_result(None)
+        self.wake_stopped()
+
+    def hand_back(self, row: LifeRow) -> None:
+        # State first: waiting producers must see TERMINATED, not the room handing
+        # back frees.
+        self.set_state(row.target)
+        for env, rec in list(self._live.items()):
+            to = _machine.queue_move(rec.state, EnvEvent.TERMINATE)
+            assert to is not None, rec.state
+            self._host._enter(env, rec, EnvEvent.TERMINATE, to)
+        self._threads.shutdown()
+        self._deadlines.disarm()
+        self.wake_stopped()
+
+    def wake_empty(self) -> None:
+        waiters, self.empty_waiters = self.empty_waiters, []
+        release(waiters)
+
+    def wake_stopped(self) -> None:
+        waiters, self.stopped_waiters = self.stopped_waiters, []
+        release(waiters)
+
+    def make_report(self) -> StopReport:
+        return report(
+            self.run,
+            (env for env, rec in self._live.items() if rec.state is _PARKED),
+            self.state in SETTLED,
+        )
+
+    def abandoned(self) -> None:
+        """A worker task was cancelled by someone other than envq: the ABANDON row."""
+        self.perform(
+            LIFECYCLE[(self.state, QueueCall.ABANDON)],
+            QueueCall.ABANDON,
+            mode=StopMode.STOP,
+            cause=CancelCause.STOP,
+        )
+
+
+def check_stays(row: LifeRow, state: QueueState) -> None:
+    """Under STRICT: a row whose action keeps the state must name it as its target."""
+    if _machine.STRICT and row.action in STAYING:
+        assert row.target is state, f"{row} must leave the state unchanged"
+
+
+def check_arrives(row: LifeRow, state: QueueState) -> None:
+    """Under STRICT: a composite row (a stop, then a terminate) must end in its target,
+    though the rows it runs through are the ones that move the state."""
+    if _machine.STRICT:
+        assert row.target is state, f"{row} ended in {state.name}"
+
+
+def release(futures: Iterable[asyncio.Future[None]]) -> None:
+    """Resolve every future not already done (cancelled waiters are skipped)."""
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
