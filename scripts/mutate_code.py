@@ -108,9 +108,9 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-drained-ignores-ready",
-        "_queue.py",
-        "        if self._ready or self._state is not _STOPPING_Q or self._crew.busy():\n",
-        "        if self._state is not _STOPPING_Q or self._crew.busy():\n",
+        "_lifecycle.py",
+        "        if self._ready or self.state is not _STOPPING_Q or self._crew.busy():\n",
+        "        if self.state is not _STOPPING_Q or self._crew.busy():\n",
         "a DRAIN stop completes before the ready envelopes have run",
     ),
     _m(
@@ -136,22 +136,22 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-park-keeps-due-time",
-        "_queue.py",
+        "_lifecycle.py",
         "                remaining = max(0.0, rec.due - now) if rec.state is _DELAYED else 0.0",
         "                remaining = rec.due if rec.state is _DELAYED else 0.0",
         "a parked envelope keeps its absolute due time, not the time it still had to wait",
     ),
     _m(
         "queue-drain-parks-ready",
-        "_queue.py",
+        "_lifecycle.py",
         "        if move(_READY, EnvEvent.STOP, mode) is not None:\n"
         "            self._ready.clear()\n"
-        "        now = self._bound_loop().time()\n"
+        "        now = self._host._bound_loop().time()\n"
         "        for env, rec in self._live.items():\n"
         "            to = move(rec.state, EnvEvent.STOP, mode)\n",
         "        if move(_READY, EnvEvent.STOP, StopMode.STOP) is not None:\n"
         "            self._ready.clear()\n"
-        "        now = self._bound_loop().time()\n"
+        "        now = self._host._bound_loop().time()\n"
         "        for env, rec in self._live.items():\n"
         "            to = move(rec.state, EnvEvent.STOP, StopMode.STOP)\n",
         "a DRAIN stop parks the ready envelopes instead of running them (the ready queue"
@@ -226,8 +226,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-dead-letter-no-error",
         "_queue.py",
-        "                    self._to_dead_letter(env, cause)\n",
-        "                    self._to_dead_letter(env, None)\n",
+        "self.name, self.dead_letter, self._dead_async, env, cause, self._loop\n",
+        "self.name, self.dead_letter, self._dead_async, env, None, self._loop\n",
         "dead_letter is called without the envelope's last error",
     ),
     _m(
@@ -240,27 +240,27 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-empty-wakes-early",
         "_queue.py",
-        "            if self._empty_waiters and not self._live:\n",
-        "            if self._empty_waiters:\n",
+        "            if self._lc.empty_waiters and not self._live:\n",
+        "            if self._lc.empty_waiters:\n",
         "run_until_empty() returns when the first envelope ends",
     ),
     _m(
         "queue-terminal-no-pump",
         "_queue.py",
-        "            if self._empty_waiters and not self._live:\n"
-        "                self._wake_empty()\n"
+        "            if self._lc.empty_waiters and not self._live:\n"
+        "                self._lc.wake_empty()\n"
         "            if self._waiters:\n"
         "                self._pump()\n",
-        "            if self._empty_waiters and not self._live:\n"
-        "                self._wake_empty()\n",
+        "            if self._lc.empty_waiters and not self._live:\n"
+        "                self._lc.wake_empty()\n",
         "a slot freed by an envelope's end does not wake the producer waiting in send_wait",
     ),
     _m(
         "queue-finish-stop-no-wake",
-        "_queue.py",
+        "_lifecycle.py",
         "        if run is not None and not run.done.done():\n"
         "            run.done.set_result(None)\n"
-        "        self._wake_stopped()\n",
+        "        self.wake_stopped()\n",
         "        if run is not None and not run.done.done():\n"
         "            run.done.set_result(None)\n",
         "wait_stopped() is never woken by the stop's end",
@@ -311,8 +311,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-buffered-delay-ignored",
-        "_queue.py",
-        "            delay = self._first_delay(env) if rec.state is _BUFFERED else rec.due\n",
+        "_lifecycle.py",
+        "            delay = self._host._first_delay(env) if rec.state is _BUFFERED else rec.due\n",
         "            delay = rec.due\n",
         "envelopes buffered before start() ignore their delay / not_before",
     ),

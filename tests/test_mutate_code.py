@@ -41,6 +41,7 @@ def test_enough_mutants_of_every_engine_file() -> None:
             "_admission",
             "_outcomes",
             "_crew",
+            "_lifecycle",
             "_attempt",
             "_timers",
             "_stats",
