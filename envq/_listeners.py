@@ -68,3 +68,9 @@ class Listeners:
                 listener(event)
             except BaseException:
                 log.exception("queue %r: event listener %r failed", self._name, listener)
+
+    def emit_all(self, events: list[Event]) -> None:
+        """Emit ``events`` in order (events a call from another thread set aside for the
+        loop's thread)."""
+        for event in events:
+            self.emit(event)

@@ -17,10 +17,8 @@ so ``capacity_used`` is ``len(_live)`` and cannot drift.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
@@ -51,8 +49,15 @@ from envq._machine import (
     QueueCall,
     QueueState,
 )
+from envq._notify import (
+    checked_signals,
+    leftovers_at_exit,
+    lost_with_queue,
+    on_first_signal,
+    to_dead_letter,
+    unhandled_failure,
+)
 from envq._outcomes import Settler
-from envq._signals import checked_signals, on_first_signal, to_dead_letter
 from envq._stats import Counters
 from envq._timers import Deadlines, DelayHeap
 from envq._values import (
@@ -326,7 +331,7 @@ class Queue:
         events wait for the loop, which delivers them before anything else it runs."""
         events: list[Event] = []
         try:
-            loop.call_soon_threadsafe(self._deliver, events)
+            loop.call_soon_threadsafe(self._events.emit_all, events)
         except RuntimeError:  # closed meanwhile: nobody else will ever run listeners
             events = []
         else:
@@ -339,11 +344,6 @@ class Queue:
                 self._lc.perform(row, _SEND, envelopes)
         finally:
             self._aside = None
-
-    def _deliver(self, events: list[Event]) -> None:
-        """Hand events set aside by a call from another thread to the listeners."""
-        for event in events:
-            self._emit(event)
 
     async def send_wait(
         self,
@@ -613,39 +613,15 @@ class Queue:
                 break
             except asyncio.CancelledError:
                 interrupted = True  # the termination goes on: wait for it again
-        left = self.leftovers
-        if left:
-            orderly = exc_type is None and not interrupted
-            periodic = sum(1 for env in left if env.interval > 0)
-            if orderly and periodic == len(left):
-                # A periodic envelope never ends by itself: parking it is how an
-                # orderly exit ends it.
-                log.info(
-                    "queue %r: %d periodic envelope(s) parked at exit (see Queue.leftovers)",
-                    self.name,
-                    periodic,
-                )
-            else:
-                log.warning(
-                    "queue %r: %d envelope(s) left over at exit (see Queue.leftovers)",
-                    self.name,
-                    len(left),
-                )
+        if self.leftovers:
+            leftovers_at_exit(self.name, self.leftovers, exc_type is None and not interrupted)
         if interrupted:
             raise asyncio.CancelledError
 
     def __del__(self) -> None:
-        live = getattr(self, "_live", None)
-        if live:
-            message = (
-                f"envq.Queue {getattr(self, 'name', '?')!r} was garbage-collected holding "
-                f"{len(live)} envelope(s) ({self._lc.state.name}): they are lost; terminate() "
-                "it and keep what it hands back"
-            )
-            # A ResourceWarning is hidden by default; lost work must be seen.
-            with contextlib.suppress(Exception):  # logging torn down at interpreter exit
-                log.warning("%s", message)
-            warnings.warn(message, ResourceWarning, source=self, stacklevel=1)
+        live, lc = getattr(self, "_live", None), getattr(self, "_lc", None)
+        if live and lc is not None:
+            lost_with_queue(self.name, len(live), lc.state.name, self)
 
     def _first_delay(self, env: Envelope) -> float:
         return first_delay(env, self._bound_loop())
@@ -740,14 +716,7 @@ class Queue:
                         self.name, self.dead_letter, self._dead_async, env, cause, self._loop
                     )
                 elif self.log_unhandled and env.on_failure is None and not self._events.handlers:
-                    log.warning(
-                        "queue %r: %s failed and nothing handles it (no on_failure, "
-                        "dead_letter or listener): %r",
-                        self.name,
-                        env.label(),
-                        cause,
-                        exc_info=cause,
-                    )
+                    unhandled_failure(self.name, env, cause)
             if self._lc.empty_waiters and not self._live:
                 self._lc.wake_empty()
             if self._waiters:

@@ -1,11 +1,14 @@
-"""What a queue hands to the outside world on its own: a stop on a signal, and an
-envelope that ended FAILED to its dead-letter callable."""
+"""What a queue tells or hands to the outside world on its own: a stop on a signal, an
+envelope that ended FAILED handed to its dead-letter callable, and the log lines a user
+must see (a failure nothing handles, work left over at exit or lost with the queue)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import warnings
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -14,7 +17,14 @@ from envq._config import DeadLetter
 from envq._crew import keep_alive
 from envq._envelope import Envelope
 
-__all__ = ["checked_signals", "on_first_signal", "to_dead_letter"]
+__all__ = [
+    "checked_signals",
+    "leftovers_at_exit",
+    "lost_with_queue",
+    "on_first_signal",
+    "to_dead_letter",
+    "unhandled_failure",
+]
 
 log = logging.getLogger("envq")
 
@@ -89,3 +99,41 @@ async def _dead_letter_async(
         raise
     except BaseException:
         log.exception("queue %r: dead_letter failed for %s", name, env.label())
+
+
+def unhandled_failure(name: str, env: Envelope, cause: BaseException | None) -> None:
+    """Log an envelope that ended FAILED while nothing handles it, with its traceback."""
+    log.warning(
+        "queue %r: %s failed and nothing handles it (no on_failure, dead_letter or listener): %r",
+        name,
+        env.label(),
+        cause,
+        exc_info=cause,
+    )
+
+
+def leftovers_at_exit(name: str, left: list[Envelope], orderly: bool) -> None:
+    """Log what an ``async with`` exit handed back: periodic envelopes parked by an
+    orderly exit at INFO (a periodic envelope never ends by itself: parking it is how
+    an orderly exit ends it), anything else at WARNING."""
+    periodic = sum(1 for env in left if env.interval > 0)
+    if orderly and periodic == len(left):
+        log.info(
+            "queue %r: %d periodic envelope(s) parked at exit (see Queue.leftovers)", name, periodic
+        )
+    else:
+        log.warning(
+            "queue %r: %d envelope(s) left over at exit (see Queue.leftovers)", name, len(left)
+        )
+
+
+def lost_with_queue(name: str, count: int, state: str, source: object) -> None:
+    """A queue was garbage-collected holding ``count`` envelopes: they are lost. A
+    ``ResourceWarning`` is hidden by default, so it is logged too."""
+    message = (
+        f"envq.Queue {name!r} was garbage-collected holding {count} envelope(s) ({state}): "
+        "they are lost; terminate() it and keep what it hands back"
+    )
+    with contextlib.suppress(Exception):  # logging torn down at interpreter exit
+        log.warning("%s", message)
+    warnings.warn(message, ResourceWarning, source=source, stacklevel=2)
