@@ -69,9 +69,9 @@ class Host(Protocol):
     """The queue's entry routines the crew moves envelopes with."""
 
     @property
-    def _observed(self) -> bool: ...
+    def observed(self) -> bool: ...
 
-    def _observe(
+    def observe(
         self,
         env: Envelope,
         frm: EnvState,
@@ -80,7 +80,7 @@ class Host(Protocol):
         cause: BaseException | None,
     ) -> None: ...
 
-    def _enter(
+    def enter(
         self,
         env: Envelope,
         rec: _Rec,
@@ -127,6 +127,7 @@ class Crew:
         size: int,
         ready: deque[Envelope],
         live: dict[Envelope, _Rec],
+        idle: deque[asyncio.Future[bool]],
         outcome_counts: dict[Outcome, int],
         call: Callable[..., Coroutine[Any, Any, Any]],
         rate: RateLimiter | None,
@@ -153,7 +154,7 @@ class Crew:
         #: The workers of the current run (start).
         self.workers: list[Worker] = []
         #: Idle workers' wake-up futures (True: work is ready; False: exit).
-        self.idle: deque[asyncio.Future[bool]] = deque()
+        self.idle = idle
         #: The run (start) of the queue the current workers belong to.
         self.epoch = 0
 
@@ -277,8 +278,8 @@ class Crew:
             rec.attempts += 1
             rec.state = dispatched
             _ATTEMPT.set(env)
-            if host._observed:
-                host._observe(env, _READY, _DISPATCH, dispatched, None)
+            if host.observed:
+                host.observe(env, _READY, _DISPATCH, dispatched, None)
             try:
                 if env._lean and bare_queue:
                     # The attempt of an envelope with no hooks or stamps (the runner's
@@ -320,7 +321,7 @@ class Crew:
             except BaseException as exc:  # the queue's own failure: log, end the envelope
                 log.exception("queue %r: internal error handling %s", self._name, env.label())
                 if live.get(env) is rec and rec.state is _RUNNING_E:
-                    host._enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)
+                    host.enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)
             finally:
                 w.env = None
                 w.cancellable = False

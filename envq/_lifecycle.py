@@ -12,7 +12,6 @@ queue's, lent.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, assert_never
 
@@ -20,7 +19,7 @@ from envq import _machine
 from envq._admission import Admission
 from envq._attempt import Threads, Worker
 from envq._crew import Crew
-from envq._envelope import Envelope, _Rec
+from envq._envelope import Envelope
 from envq._listeners import Listeners
 from envq._machine import (
     INITIAL_QUEUE,
@@ -32,12 +31,13 @@ from envq._machine import (
     EnvState,
     LifeAction,
     LifeRow,
-    Outcome,
     QueueCall,
     QueueState,
 )
+from envq._moves import Mover
 from envq._stats import Counters, StopRun, report
-from envq._timers import Deadlines, DelayHeap
+from envq._store import MemoryStore
+from envq._timers import Deadlines
 from envq._values import Event, Rejection, StopMode, StopReport
 
 __all__ = ["Host", "Lifecycle", "check_arrives", "check_stays", "release"]
@@ -50,29 +50,7 @@ _STOPPING_Q: Final = QueueState.STOPPING
 
 
 class Host(Protocol):
-    """The queue's side: its entry routines and its loop."""
-
-    def _enter(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        delay: float = 0.0,
-        cause: BaseException | None = None,
-        at: float | None = None,
-    ) -> None: ...
-
-    def _move(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        cause: BaseException | None = None,
-    ) -> None: ...
-
-    def _emit(self, event: Event) -> None: ...
+    """The queue's side: its loop, and who is inside one of its attempts."""
 
     def _now(self) -> float: ...
 
@@ -87,8 +65,8 @@ class Lifecycle:
     """The lifecycle machine of one queue, performed.
 
     :param host: the queue (its entry routines and loop).
-    :param live: its live envelopes; ``ready``: its ready deque; the admission, crew,
-        delay heap, deadline timer, thread pool, counters and listeners are its own,
+    :param store: the holding side; ``mover``: the entry routines; the admission,
+        crew, deadline timer, thread pool, counters and listeners are the queue's own,
         lent.
     """
 
@@ -97,11 +75,10 @@ class Lifecycle:
         name: str,
         host: Host,
         *,
-        live: dict[Envelope, _Rec],
-        ready: deque[Envelope],
+        store: MemoryStore,
+        mover: Mover,
         admission: Admission,
         crew: Crew,
-        delays: DelayHeap,
         deadlines: Deadlines,
         threads: Threads,
         counts: Counters,
@@ -109,11 +86,12 @@ class Lifecycle:
     ) -> None:
         self._name = name
         self._host = host
-        self._live = live
-        self._ready = ready
+        self._store = store
+        self._live = store.live
+        self._ready = store.ready
+        self._mover = mover
         self._admission = admission
         self._crew = crew
-        self._delays = delays
         self._deadlines = deadlines
         self._threads = threads
         self._counts = counts
@@ -189,7 +167,7 @@ class Lifecycle:
         frm, self.state = self.state, to
         self.send_row = self.row_for_send(to)
         if frm is not to and self._listeners.listeners:
-            self._host._emit(Event(self._host._now(), self._name, None, frm, to))
+            self._listeners.emit(Event(self._host._now(), self._name, None, frm, to))
         if pump and self._admission.waiters:
             self._admission.pump()
 
@@ -213,7 +191,7 @@ class Lifecycle:
             delay = self._host._first_delay(env) if rec.state is _BUFFERED else rec.due
             to = _machine.queue_move(rec.state, EnvEvent.START, delay > 0)
             assert to is not None, rec.state
-            self._host._enter(env, rec, EnvEvent.START, to, delay)
+            self._mover.enter(env, rec, EnvEvent.START, to, delay)
         if self._admission.waiters:
             self._admission.pump()
 
@@ -242,17 +220,17 @@ class Lifecycle:
         envelopes, and ready ones too in STOP mode), in admission order."""
         move = _machine.queue_move
         if move(_READY, EnvEvent.STOP, mode) is not None:
-            self._ready.clear()
+            self._store.drop_ready()
         now = self._host._bound_loop().time()
         for env, rec in self._live.items():
             to = move(rec.state, EnvEvent.STOP, mode)
             if to is not None:
                 rec.tick = 0
                 remaining = max(0.0, rec.due - now) if rec.state is _DELAYED else 0.0
-                self._host._move(env, rec, EnvEvent.STOP, to)
+                self._mover.move(env, rec, EnvEvent.STOP, to)
                 rec.due = remaining
         # Both modes park every DELAYED envelope: no entry of the delay heap is live.
-        self._delays.clear()
+        self._store.drop_delays()
 
     def cancel_in_flight(self, cause: CancelCause | None) -> None:
         if cause is not None:
@@ -281,7 +259,7 @@ class Lifecycle:
         for env, rec in list(self._live.items()):
             to = _machine.queue_move(rec.state, EnvEvent.TERMINATE)
             assert to is not None, rec.state
-            self._host._enter(env, rec, EnvEvent.TERMINATE, to)
+            self._mover.enter(env, rec, EnvEvent.TERMINATE, to)
         self._threads.shutdown()
         self._deadlines.disarm()
         self.wake_stopped()

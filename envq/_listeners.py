@@ -27,7 +27,7 @@ class Listeners:
     (the queue then checks every move against the tables).
     """
 
-    __slots__ = ("_name", "_on_change", "_strict", "handlers", "listeners")
+    __slots__ = ("_name", "_on_change", "_strict", "aside", "handlers", "listeners")
 
     def __init__(self, name: str, strict: bool, on_change: Callable[[bool], None]) -> None:
         self._name = name
@@ -36,6 +36,8 @@ class Listeners:
         self.listeners: list[Listener] = []
         #: Subscribed listeners that count as handling failures.
         self.handlers = 0
+        #: Events of a call from another thread, held for the loop's thread.
+        self.aside: list[Event] | None = None
 
     @property
     def observed(self) -> bool:
@@ -62,7 +64,12 @@ class Listeners:
         return remove
 
     def emit(self, event: Event) -> None:
-        """Call every listener with ``event``; one that raises is logged and skipped."""
+        """Call every listener with ``event``; one that raises is logged and skipped.
+        While events are set aside for the loop's thread, ``event`` joins them."""
+        aside = self.aside
+        if aside is not None:
+            aside.append(event)
+            return
         for listener in list(self.listeners):
             try:
                 listener(event)

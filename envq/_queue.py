@@ -30,12 +30,11 @@ from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
 from envq._crew import ATTEMPT, Crew, keep_alive
 from envq._entry import check_own_loop, elsewhere, hand_over, running_loop
-from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
+from envq._envelope import Envelope, Stamp, is_async_callable
 from envq._lifecycle import Lifecycle, check_arrives
-from envq._limits import RateLimiter, forget_limiter
+from envq._limits import RateLimiter
 from envq._listeners import Listener, Listeners
 from envq._machine import (
-    ENVELOPE_MOVES,
     LIFECYCLE,
     QUEUE_MOVES,
     SETTLED,
@@ -45,21 +44,20 @@ from envq._machine import (
     Kind,
     LifeAction,
     LifeRow,
-    Outcome,
     QueueCall,
     QueueState,
 )
+from envq._moves import Mover
 from envq._notify import (
     checked_signals,
     leftovers_at_exit,
     lost_with_queue,
     on_first_signal,
-    to_dead_letter,
-    unhandled_failure,
 )
 from envq._outcomes import Settler
 from envq._stats import Counters
-from envq._timers import Deadlines, DelayHeap
+from envq._store import MemoryStore
+from envq._timers import Deadlines
 from envq._values import (
     Attempt,
     Event,
@@ -160,76 +158,62 @@ class Queue:
         #: The termination under way (or done), once it had to wait for a stop.
         self._closing: asyncio.Task[list[Envelope]] | None = None
 
-        # The queue-side rows the hot path performs, resolved once (QUEUE_MOVES): where
-        # a sent envelope goes (buffered, or armed by whether it must wait), where a
-        # due one goes, where a dispatched one goes.
-        self._due_to = QUEUE_MOVES[(_DELAYED, EnvEvent.DUE)].targets[None]
-        self._dispatch_to = QUEUE_MOVES[(_READY, EnvEvent.DISPATCH)].targets[None]
-        #: The terminal states (TERMINAL_STATES), read once.
-        self._terminal = _machine.TERMINAL_STATES
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: ``loop.time`` once the queue is bound to its loop.
-        self._clock: Callable[[], float] = self._unbound_clock
-        #: The live envelopes, in admission order (``capacity_used`` is its length).
-        self._live: dict[Envelope, _Rec] = {}
-        self._ready: deque[Envelope] = deque()
-        self._events = Listeners(name, _machine.STRICT, self._observe_changed)
-        self._listeners = self._events.listeners
-        self._observed = self._events.observed
-        #: Events of a call from another thread, held for the loop's thread (see send).
-        self._aside: list[Event] | None = None
         #: The thread the queue's loop runs in (known once bound).
         self._loop_thread: int | None = None
         self._blacklist: set[str] = set()
-        #: (admission number, envelope) handed back by the terminate under way.
-        self._handed: list[tuple[int, Envelope]] = []
         self._counts = Counters()
-        self._outcome_counts = self._counts.outcomes
-        self._delays = DelayHeap(self, self._due)
+        self._events = Listeners(name, _machine.STRICT, self._observe_changed)
+        self._listeners = self._events.listeners
+        # The holding side, and the entry routines that move envelopes into it.
+
+        def on_due(env: Envelope, rec: _Rec) -> None:
+            mover.due(env, rec)  # the mover is made next: it holds the store
+
+        store = self._store = MemoryStore(self, on_due, deque())
+        mover = self._mover = Mover(config, store, self._events, self._counts, self._now)
+        self._live = store.live
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
-        # The crew, the deadline timer, the attempt runner and the outcome interpreter
-        # call back into one another: made in that order, then the crew is attached.
+        # The crew, the deadline timer, the attempt runner, the outcome interpreter and
+        # the lifecycle call back into one another: made in that order, then attached.
         self._crew = Crew(
             name,
-            self,
+            mover,
             size=workers,
-            ready=self._ready,
-            live=self._live,
-            outcome_counts=self._outcome_counts,
+            ready=store.ready,
+            live=store.live,
+            idle=store.idle,
+            outcome_counts=self._counts.outcomes,
             call=self._threads.call,
             rate=rate,
             bare=not config.stamps,
-            dispatch_to=self._dispatch_to,
+            dispatch_to=QUEUE_MOVES[(EnvState.READY, EnvEvent.DISPATCH)].targets[None],
         )
-        #: Idle workers' wake-up futures (the crew's; woken inline by ``_enter``).
-        self._idle = self._crew.idle
         self._deadlines = Deadlines(self._crew.expire)
         self._runner = Runner(
             name, config.stamps, hook_timeout, self._threads, self._deadlines, self._crew.abandon
         )
-        self._admission = Admission(
+        self._admission = admission = Admission(
             name,
             capacity,
             owner=self,
-            live=self._live,
+            live=store.live,
             blacklist=self._blacklist,
             counts=self._counts,
-            enter=self._enter,
+            enter=mover.enter,
             first_delay=self._first_delay,
             send_row=lambda: self._lc.send_row,
             refuse_state=lambda row, batch: self._lc.perform(row, QueueCall.SEND, batch),
         )
-        self._waiters = self._admission.waiters
-        self._admit = self._admission.admit
-        self._pump = self._admission.pump
+        self._admit = admission.admit
         self._settler = Settler(
             name,
             limiter=limiter,
             runner=self._runner,
-            enter=self._enter,
+            enter=mover.enter,
             queue_state=lambda: self._lc.state,
-            live=self._live,
-            ready=self._ready,
+            live=store.live,
+            ready=store.ready,
             blacklist=self._blacklist,
             listeners=self._events,
             log_unhandled=log_unhandled,
@@ -237,17 +221,17 @@ class Queue:
         self._lc = Lifecycle(
             name,
             self,
-            live=self._live,
-            ready=self._ready,
-            admission=self._admission,
+            store=store,
+            mover=mover,
+            admission=admission,
             crew=self._crew,
-            delays=self._delays,
             deadlines=self._deadlines,
             threads=self._threads,
             counts=self._counts,
             listeners=self._events,
         )
         self._crew.attach(self._runner, self._deadlines, self._settler.plan, self._lc)
+        mover.attach(admission, self._lc)
         #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
 
@@ -335,7 +319,7 @@ class Queue:
         except RuntimeError:  # closed meanwhile: nobody else will ever run listeners
             events = []
         else:
-            self._aside = events
+            self._events.aside = events
         try:
             row = self._lc.send_row
             if row.action is _ADMIT:
@@ -343,7 +327,7 @@ class Queue:
             else:
                 self._lc.perform(row, _SEND, envelopes)
         finally:
-            self._aside = None
+            self._events.aside = None
 
     async def send_wait(
         self,
@@ -362,7 +346,7 @@ class Queue:
             timeout = _checks.timeout(f"queue {self.name!r}: send_wait() timeout", timeout)
         self._own_loop("send_wait")
         batch = envelopes
-        if not self._waiters and self._admit(batch, True):
+        if not self._admission.waiters and self._admit(batch, True):
             return
         await self._admission.wait(batch, timeout, self._bound_loop())
 
@@ -439,7 +423,7 @@ class Queue:
             await asyncio.shield(closing)
             return []
         row = LIFECYCLE[(self._lc.state, QueueCall.TERMINATE)]
-        self._handed = []
+        self._store.handed = []
         waiting = self._lc.perform(
             row, QueueCall.TERMINATE, mode=StopMode.STOP, cause=CancelCause.TERMINATE
         )
@@ -472,9 +456,7 @@ class Queue:
     def _hand_over(self) -> list[Envelope]:
         """The envelopes the termination handed back, in admission order."""
         assert self._lc.state is QueueState.TERMINATED, self._lc.state
-        handed = sorted(self._handed, key=lambda pair: pair[0])
-        self._handed = []
-        self.leftovers = [env for _seq, env in handed]
+        self.leftovers = self._store.take_handed()
         return list(self.leftovers)
 
     async def run_until_empty(self) -> StopReport:
@@ -630,108 +612,6 @@ class Queue:
     # Envelope moves
     # ----------------------------------------------------------------------------------
 
-    def _move(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        cause: BaseException | None = None,
-    ) -> None:
-        frm = rec.state
-        rec.state = to
-        if self._observed:
-            self._observe(env, frm, event, to, cause)
-
-    def _observe(
-        self,
-        env: Envelope,
-        frm: EnvState,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        cause: BaseException | None,
-    ) -> None:
-        if _machine.STRICT:
-            assert to in ENVELOPE_MOVES.get((frm, event), ()), (
-                f"illegal envelope move {frm.name} --{event.name}--> {to.name}"
-            )
-        if self._listeners:
-            outcome = event if isinstance(event, Outcome) else None
-            self._emit(Event(self._now(), self.name, env, frm, to, outcome, cause))
-
-    def _enter(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        delay: float = 0.0,
-        cause: BaseException | None = None,
-        at: float | None = None,
-    ) -> None:
-        """Move ``env`` into state ``to`` and do that state's entry work (DELAYED: due
-        ``delay`` seconds from now, or at loop time ``at`` when given).
-
-        (An identity chain rather than ``match``: on Python 3.11 each ``case
-        EnvState.X`` reads the member off the enum class, which is slow on this path.)
-        """
-        frm = rec.state
-        rec.state = to
-        if to is _READY:
-            if self._observed:
-                self._observe(env, frm, event, to, cause)
-            # The FIXED_RATE grid needs a periodic run's scheduled start: the time it
-            # became READY, or (coming from DELAYED) the time it was due, kept in due.
-            if rec.kind is _PERIODIC and event is not _DUE:
-                rec.due = self._clock()
-            self._ready.append(env)
-            idle = self._idle
-            while idle:
-                fut = idle.popleft()
-                if not fut.done():
-                    fut.set_result(True)
-                    break
-        elif to is _DELAYED:
-            if self._observed:
-                self._observe(env, frm, event, to, cause)
-            due = rec.due = self._clock() + delay if at is None else at
-            self._delays.push(env, rec, due)
-        elif to in self._terminal:
-            # The envelope leaves the queue before its end is reported: a listener may
-            # send it again (here or elsewhere), and statistics() agrees with the event.
-            del self._live[env]
-            rec.owner = None
-            self._counts.terminal[to] += 1
-            if rec.tick:
-                self._delays.drop(rec)
-            if to is _RETURNED:
-                self._handed.append((rec.seq, env))
-            if self.limiter is not None:
-                forget_limiter(self.name, self.limiter, env)
-            if self._observed:
-                self._observe(env, frm, event, to, cause)
-            if to is _FAILED:
-                if self.dead_letter is not None:
-                    to_dead_letter(
-                        self.name, self.dead_letter, self._dead_async, env, cause, self._loop
-                    )
-                elif self.log_unhandled and env.on_failure is None and not self._events.handlers:
-                    unhandled_failure(self.name, env, cause)
-            if self._lc.empty_waiters and not self._live:
-                self._lc.wake_empty()
-            if self._waiters:
-                self._pump()
-        elif to is _PARKED or to is _BUFFERED:
-            if self._observed:
-                self._observe(env, frm, event, to, cause)
-            rec.due = max(0.0, delay)
-        else:
-            raise AssertionError(f"{to.name} is not entered through _enter")
-
-    def _due(self, env: Envelope, rec: _Rec) -> None:
-        """The delay heap's call: ``env``'s time has come."""
-        self._enter(env, rec, _DUE, self._due_to)
-
     # ----------------------------------------------------------------------------------
     # Helpers
     # ----------------------------------------------------------------------------------
@@ -743,7 +623,8 @@ class Queue:
             loop = self._loop = asyncio.get_running_loop()
             self._loop_thread = threading.get_ident()
             self._clock = loop.time
-            self._delays.bind(loop)
+            self._store.bind(loop)
+            self._mover.bind(loop)
             self._deadlines.bind(loop)
             self._runner.bind(loop)
             self._settler.bind(loop)
@@ -764,14 +645,7 @@ class Queue:
         return hand_over(loop, fn, *args, **kwargs)
 
     def _observe_changed(self, observed: bool) -> None:
-        self._observed = observed
-
-    def _emit(self, event: Event) -> None:
-        aside = self._aside
-        if aside is not None:
-            aside.append(event)
-            return
-        self._events.emit(event)
+        self._mover.observed = observed
 
     def _now(self) -> float:
         """Loop time for events; 0.0 before the queue has seen a loop."""

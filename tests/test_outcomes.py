@@ -952,7 +952,7 @@ class TestInternalErrors:
     def fail_once(queue: envq.Queue, crash: BaseException, *, after: bool) -> None:
         """Make the next one-off OK row raise ``crash``: at once (``after=False``), or
         once the row has been performed (``after=True``: the envelope has ended)."""
-        rows = queue._plan[Kind.ONE_OFF]
+        rows = queue._settler.plan[Kind.ONE_OFF]
         real = rows[Outcome.OK]
         calls = 0
 

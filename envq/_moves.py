@@ -1,0 +1,216 @@
+"""The entry routines: every envelope move goes through here.
+
+A move's target always comes from a table of :mod:`envq._machine` (looked up by the
+caller: admission, the lifecycle, the workers, the outcome interpreter); :meth:`Mover.enter`
+writes it, reports the move (checked against ``ENVELOPE_MOVES`` under ``STRICT``, and
+as an :class:`envq.Event` to listeners), and asks the holding side
+(:class:`envq._store.MemoryStore`) to hold the envelope as the state requires. An
+envelope that ends leaves the store before its end is reported, so a listener sees the
+statistics agree with the event and may send the envelope again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from envq import _machine
+from envq._config import QueueConfig
+from envq._envelope import Envelope, _Rec, is_async_callable
+from envq._limits import forget_limiter
+from envq._listeners import Listeners
+from envq._machine import ENVELOPE_MOVES, EnvEvent, EnvState, Kind, Outcome
+from envq._notify import to_dead_letter, unhandled_failure
+from envq._stats import Counters
+from envq._store import MemoryStore
+from envq._values import Event
+
+__all__ = ["Mover"]
+
+_READY: Final = EnvState.READY
+_DELAYED: Final = EnvState.DELAYED
+_PARKED: Final = EnvState.PARKED
+_BUFFERED: Final = EnvState.BUFFERED
+_RETURNED: Final = EnvState.RETURNED
+_FAILED: Final = EnvState.FAILED
+_DUE: Final = EnvEvent.DUE
+_PERIODIC: Final = Kind.PERIODIC
+
+
+class _Waiting(Protocol):
+    """Who waits for room or for the queue to empty (admission, the lifecycle)."""
+
+    @property
+    def waiters(self) -> object: ...
+
+    def pump(self) -> None: ...
+
+
+class _Emptied(Protocol):
+    @property
+    def empty_waiters(self) -> list[asyncio.Future[None]]: ...
+
+    def wake_empty(self) -> None: ...
+
+
+class Mover:
+    """The entry routines of one queue.
+
+    :param store: the holding side.
+    :param listeners: the queue's listeners (whether moves are observed, and who is
+        told).
+    :param now: the loop time for events.
+    """
+
+    def __init__(
+        self,
+        config: QueueConfig,
+        store: MemoryStore,
+        listeners: Listeners,
+        counts: Counters,
+        now: Callable[[], float],
+    ) -> None:
+        self.name = config.name
+        self._store = store
+        self._listeners = listeners
+        self._counts = counts
+        self._now = now
+        self._limiter = config.limiter
+        self._dead_letter = config.dead_letter
+        self._dead_async = config.dead_letter is not None and is_async_callable(config.dead_letter)
+        self._log_unhandled = config.log_unhandled
+        self._terminal = _machine.TERMINAL_STATES
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock: Callable[[], float] = _unbound
+        #: Whether moves are observed (someone listens, or STRICT).
+        self.observed = listeners.observed
+        self._due_to = _machine.queue_move(_DELAYED, EnvEvent.DUE)
+        self._admission: _Waiting | None = None
+        self._lifecycle: _Emptied | None = None
+
+    def attach(self, admission: _Waiting, lifecycle: _Emptied) -> None:
+        """The producers waiting for room and the callers waiting for the queue to
+        empty, woken when an envelope ends."""
+        self._admission = admission
+        self._lifecycle = lifecycle
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the time from ``loop`` from now on."""
+        self._loop = loop
+        self._clock = loop.time
+
+    def move(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        cause: BaseException | None = None,
+    ) -> None:
+        """Move ``env`` into ``to`` with no entry work (the caller holds it)."""
+        frm = rec.state
+        rec.state = to
+        if self.observed:
+            self.observe(env, frm, event, to, cause)
+
+    def observe(
+        self,
+        env: Envelope,
+        frm: EnvState,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        cause: BaseException | None,
+    ) -> None:
+        """Check the move (under STRICT) and tell the listeners."""
+        if _machine.STRICT:
+            assert to in ENVELOPE_MOVES.get((frm, event), ()), (
+                f"illegal envelope move {frm.name} --{event.name}--> {to.name}"
+            )
+        if self._listeners.listeners:
+            outcome = event if isinstance(event, Outcome) else None
+            self._listeners.emit(Event(self._now(), self.name, env, frm, to, outcome, cause))
+
+    def enter(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        delay: float = 0.0,
+        cause: BaseException | None = None,
+        at: float | None = None,
+    ) -> None:
+        """Move ``env`` into state ``to`` and have the store hold it there (DELAYED:
+        due ``delay`` seconds from now, or at loop time ``at`` when given).
+
+        (An identity chain rather than ``match``: on Python 3.11 each ``case
+        EnvState.X`` reads the member off the enum class, which is slow on this path.)
+        """
+        frm = rec.state
+        rec.state = to
+        store = self._store
+        if to is _READY:
+            if self.observed:
+                self.observe(env, frm, event, to, cause)
+            # The FIXED_RATE grid needs a periodic run's scheduled start: the time it
+            # became READY, or (coming from DELAYED) the time it was due, kept in due.
+            if rec.kind is _PERIODIC and event is not _DUE:
+                rec.due = self._clock()
+            store.hold_ready(env)
+        elif to is _DELAYED:
+            if self.observed:
+                self.observe(env, frm, event, to, cause)
+            store.hold_delayed(env, rec, self._clock() + delay if at is None else at)
+        elif to in self._terminal:
+            self._end(env, rec, frm, event, to, cause)
+        elif to is _PARKED or to is _BUFFERED:
+            if self.observed:
+                self.observe(env, frm, event, to, cause)
+            store.hold_waiting(rec, delay)
+        else:
+            raise AssertionError(f"{to.name} is not entered through enter()")
+
+    def _end(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        frm: EnvState,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        cause: BaseException | None,
+    ) -> None:
+        # The envelope leaves the queue before its end is reported: a listener may
+        # send it again (here or elsewhere), and statistics() agrees with the event.
+        store = self._store
+        store.release(env, rec)
+        self._counts.terminal[to] += 1
+        if to is _RETURNED:
+            store.hand_back(env, rec)
+        if self._limiter is not None:
+            forget_limiter(self.name, self._limiter, env)
+        if self.observed:
+            self.observe(env, frm, event, to, cause)
+        if to is _FAILED:
+            if self._dead_letter is not None:
+                to_dead_letter(
+                    self.name, self._dead_letter, self._dead_async, env, cause, self._loop
+                )
+            elif self._log_unhandled and env.on_failure is None and not self._listeners.handlers:
+                unhandled_failure(self.name, env, cause)
+        lifecycle = self._lifecycle
+        if lifecycle is not None and lifecycle.empty_waiters and not store.live:
+            lifecycle.wake_empty()
+        admission = self._admission
+        if admission is not None and admission.waiters:
+            admission.pump()
+
+    def due(self, env: Envelope, rec: _Rec) -> None:
+        """The delay heap's call: ``env``'s time has come."""
+        to = self._due_to
+        assert to is not None
+        self.enter(env, rec, _DUE, to)
+
+
+def _unbound() -> float:
+    raise RuntimeError("the queue is not bound to an event loop yet")

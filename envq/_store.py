@@ -1,0 +1,113 @@
+"""The holding side: where a queue's envelopes are while they are live.
+
+envq separates *deciding* from *holding*. The deciding side — the tables of
+:mod:`envq._machine` and their interpreters (admission's checks, the lifecycle, the
+outcome interpreter, the entry routines of :mod:`envq._moves`) — chooses every next
+state. The holding side keeps the envelopes where that choice puts them and does the
+bookkeeping of each state it is asked to hold them in; it decides nothing.
+
+:class:`MemoryStore` is the in-process holding side: the live set (an insertion-ordered
+dict, so ``capacity_used`` is its length and cannot drift), the ready deque, the delay
+heap under one loop timer, the time a parked or buffered envelope has left, and what a
+termination hands back. A durable store keeps the same things in a database and is
+asked the same questions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from envq._envelope import Envelope, _Rec
+from envq._timers import DelayHeap
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """The live envelopes of one queue, in memory.
+
+    :param owner: the queue (the delay heap skips entries of envelopes it no longer
+        owns).
+    :param on_due: called with ``(env, rec)`` when a delayed envelope's time comes.
+    :param idle: the wake-up futures of idle workers (the crew's, lent): holding an
+        envelope READY wakes one.
+    """
+
+    __slots__ = ("delays", "handed", "idle", "live", "ready")
+
+    def __init__(
+        self,
+        owner: object,
+        on_due: Callable[[Envelope, _Rec], None],
+        idle: deque[asyncio.Future[bool]],
+    ) -> None:
+        #: The live envelopes, in admission order.
+        self.live: dict[Envelope, _Rec] = {}
+        #: READY envelopes, in the order they became ready.
+        self.ready: deque[Envelope] = deque()
+        #: DELAYED envelopes, by due time.
+        self.delays = DelayHeap(owner, on_due)
+        #: (admission number, envelope) handed back by the termination under way.
+        self.handed: list[tuple[int, Envelope]] = []
+        self.idle = idle
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Use ``loop``'s timers from now on."""
+        self.delays.bind(loop)
+
+    def hold(self, env: Envelope, rec: _Rec) -> None:
+        """``env`` was admitted: it is live from now on."""
+        self.live[env] = rec
+
+    def hold_ready(self, env: Envelope) -> None:
+        """``env`` is READY: queue it and wake one idle worker."""
+        self.ready.append(env)
+        idle = self.idle
+        while idle:
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(True)
+                break
+
+    def hold_delayed(self, env: Envelope, rec: _Rec, due: float) -> None:
+        """``env`` is DELAYED until loop time ``due``."""
+        rec.due = due
+        self.delays.push(env, rec, due)
+
+    def hold_waiting(self, rec: _Rec, time_left: float) -> None:
+        """The envelope is PARKED or BUFFERED with ``time_left`` seconds still to wait
+        once it is armed."""
+        rec.due = max(0.0, time_left)
+
+    def release(self, env: Envelope, rec: _Rec) -> None:
+        """``env`` ended: it leaves the queue (and the delay heap, if it was there)."""
+        del self.live[env]
+        rec.owner = None
+        if rec.tick:
+            self.delays.drop(rec)
+
+    def hand_back(self, env: Envelope, rec: _Rec) -> None:
+        """``env`` is handed back by the termination under way."""
+        self.handed.append((rec.seq, env))
+
+    def take_handed(self) -> list[Envelope]:
+        """What the termination handed back, in admission order (and forget it)."""
+        handed = sorted(self.handed, key=lambda pair: pair[0])
+        self.handed = []
+        return [env for _seq, env in handed]
+
+    def drop_ready(self, keep: Callable[[Envelope], bool] | None = None) -> None:
+        """Forget the ready order of every READY envelope (or of those ``keep`` does
+        not keep)."""
+        if keep is None:
+            self.ready.clear()
+            return
+        kept = [env for env in self.ready if keep(env)]
+        self.ready.clear()
+        self.ready.extend(kept)
+
+    def drop_delays(self) -> None:
+        """No DELAYED envelope is left (a stop parked them all)."""
+        self.delays.clear()
