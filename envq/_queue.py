@@ -30,7 +30,7 @@ from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
 from envq._crew import ATTEMPT, Crew, keep_alive
 from envq._entry import check_own_loop, elsewhere, hand_over, running_loop
-from envq._envelope import Envelope, Stamp, is_async_callable
+from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
 from envq._lifecycle import Lifecycle, check_arrives
 from envq._limits import RateLimiter
 from envq._listeners import Listener, Listeners

@@ -88,7 +88,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
         "queue-internal-error-ignored",
         "_crew.py",
         "                if live.get(env) is rec and rec.state is _RUNNING_E:\n"
-        "                    host._enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)\n",
+        "                    host.enter(env, rec, Outcome.ERROR, FAULT_TARGET, cause=exc)\n",
         "                pass\n",
         "the queue's own failure is logged but the envelope stays RUNNING: its slot is never freed",
     ),
@@ -145,12 +145,12 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
         "queue-drain-parks-ready",
         "_lifecycle.py",
         "        if move(_READY, EnvEvent.STOP, mode) is not None:\n"
-        "            self._ready.clear()\n"
+        "            self._store.drop_ready()\n"
         "        now = self._host._bound_loop().time()\n"
         "        for env, rec in self._live.items():\n"
         "            to = move(rec.state, EnvEvent.STOP, mode)\n",
         "        if move(_READY, EnvEvent.STOP, StopMode.STOP) is not None:\n"
-        "            self._ready.clear()\n"
+        "            self._store.drop_ready()\n"
         "        now = self._host._bound_loop().time()\n"
         "        for env, rec in self._live.items():\n"
         "            to = move(rec.state, EnvEvent.STOP, StopMode.STOP)\n",
@@ -201,7 +201,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-fixed-rate-due-reset",
-        "_queue.py",
+        "_moves.py",
         "            if rec.kind is _PERIODIC and event is not _DUE:\n",
         "            if rec.kind is _PERIODIC:\n",
         "FIXED_RATE measures from when a run became ready, not from its grid point (drift)",
@@ -216,43 +216,40 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-terminal-no-forget",
-        "_queue.py",
-        "            if self.limiter is not None:\n"
-        "                forget_limiter(self.name, self.limiter, env)\n"
-        "            if self._observed:\n",
-        "            if self._observed:\n",
+        "_moves.py",
+        "        if self._limiter is not None:\n"
+        "            forget_limiter(self.name, self._limiter, env)\n"
+        "        if self.observed:\n",
+        "        if self.observed:\n",
         "the retry limiter is never told to forget an envelope that ended",
     ),
     _m(
         "queue-dead-letter-no-error",
-        "_queue.py",
-        "self.name, self.dead_letter, self._dead_async, env, cause, self._loop\n",
-        "self.name, self.dead_letter, self._dead_async, env, None, self._loop\n",
+        "_moves.py",
+        "self.name, self._dead_letter, self._dead_async, env, cause, self._loop\n",
+        "self.name, self._dead_letter, self._dead_async, env, None, self._loop\n",
         "dead_letter is called without the envelope's last error",
     ),
     _m(
         "queue-unhandled-ignores-listeners",
-        "_queue.py",
-        "env.on_failure is None and not self._events.handlers:",
+        "_moves.py",
+        "env.on_failure is None and not self._listeners.handlers:",
         "env.on_failure is None:",
         "a failure is logged as unhandled although a listener handles it",
     ),
     _m(
         "queue-empty-wakes-early",
-        "_queue.py",
-        "            if self._lc.empty_waiters and not self._live:\n",
-        "            if self._lc.empty_waiters:\n",
+        "_moves.py",
+        "        if lifecycle is not None and lifecycle.empty_waiters and not store.live:\n",
+        "        if lifecycle is not None and lifecycle.empty_waiters:\n",
         "run_until_empty() returns when the first envelope ends",
     ),
     _m(
         "queue-terminal-no-pump",
-        "_queue.py",
-        "            if self._lc.empty_waiters and not self._live:\n"
-        "                self._lc.wake_empty()\n"
-        "            if self._waiters:\n"
-        "                self._pump()\n",
-        "            if self._lc.empty_waiters and not self._live:\n"
-        "                self._lc.wake_empty()\n",
+        "_moves.py",
+        "        if admission is not None and admission.waiters:\n"
+        "            admission.pump()\n",
+        "",
         "a slot freed by an envelope's end does not wake the producer waiting in send_wait",
     ),
     _m(

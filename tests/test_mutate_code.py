@@ -42,6 +42,7 @@ def test_enough_mutants_of_every_engine_file() -> None:
             "_outcomes",
             "_crew",
             "_lifecycle",
+            "_moves",
             "_attempt",
             "_timers",
             "_stats",

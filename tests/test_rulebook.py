@@ -24,8 +24,8 @@ WRITERS = frozenset(
         ("_lifecycle.py", "__init__"),  # the initial lifecycle state, INITIAL_QUEUE
         ("_lifecycle.py", "set_state"),  # every lifecycle move
         ("_admission.py", "admit"),  # the initial envelope state, INITIAL
-        ("_queue.py", "_move"),
-        ("_queue.py", "_enter"),
+        ("_moves.py", "move"),
+        ("_moves.py", "enter"),
         ("_crew.py", "serve"),  # the dispatch row, resolved once per queue
     }
 )
@@ -115,8 +115,8 @@ class TestOnlyTheInterpreterWritesStates:
 
     def test_the_walk_finds_the_writes(self) -> None:
         """The walk sees the interpreter's writes (so an empty result means something)."""
-        writes = {func for func, _line, _s in state_writes(ROOT / "_queue.py")}
-        assert {"_enter", "_move"} <= writes
+        writes = {func for func, _line, _s in state_writes(ROOT / "_moves.py")}
+        assert {"enter", "move"} <= writes
 
     @pytest.mark.parametrize(
         ("source", "spelled"),
