@@ -58,22 +58,20 @@ from envq._limits import (
 from envq._machine import EnvState, Kind, Outcome, QueueState
 from envq._metrics import MetricsServer, PrometheusMetrics, prometheus_metrics, serve_metrics
 from envq._otel import otel_stamp
-from envq._queue import Queue, current_attempt
+from envq._queue import Attempt, Queue, current_attempt
+from envq._reports import Event, StopReport
 from envq._stamps import logging_stamp
 from envq._tasks import AfterCallback, Task, TaskFn, TaskQueue
 from envq._values import (
     FIXED_DELAY,
     FIXED_RATE,
-    Attempt,
     Decision,
-    Event,
     HookTimeout,
     Rejection,
     Retry,
     Schedule,
     Statistics,
     StopMode,
-    StopReport,
     drop,
     retry_after,
     retry_now,

@@ -35,10 +35,11 @@ from envq._machine import (
     QueueState,
 )
 from envq._moves import Mover
+from envq._reports import Event, StopReport
 from envq._stats import Counters, StopRun, report
 from envq._store import MemoryStore
 from envq._timers import Deadlines
-from envq._values import Event, Rejection, StopMode, StopReport
+from envq._values import Rejection, StopMode
 
 __all__ = ["Host", "Lifecycle", "check_arrives", "check_stays", "release"]
 

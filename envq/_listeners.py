@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from envq._values import Event
+from envq._reports import Event
 
 __all__ = ["Listener", "Listeners"]
 

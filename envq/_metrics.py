@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 from envq import _checks
 from envq._envelope import Envelope
 from envq._machine import LIVE_STATES, TERMINAL_STATES, EnvState, Outcome, QueueState
-from envq._values import Event, Statistics
+from envq._reports import Event
+from envq._values import Statistics
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

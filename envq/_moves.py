@@ -22,9 +22,9 @@ from envq._limits import forget_limiter
 from envq._listeners import Listeners
 from envq._machine import ENVELOPE_MOVES, EnvEvent, EnvState, Kind, Outcome
 from envq._notify import to_dead_letter, unhandled_failure
+from envq._reports import Event
 from envq._stats import Counters
 from envq._store import MemoryStore
-from envq._values import Event
 
 __all__ = ["Mover"]
 

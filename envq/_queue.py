@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
+import attrs
+
 from envq import _checks, _machine
 from envq._admission import Admission, first_delay
 from envq._attempt import Runner, Threads, Worker
@@ -55,19 +57,13 @@ from envq._notify import (
     on_first_signal,
 )
 from envq._outcomes import Settler
+from envq._reports import Event, StopReport
 from envq._stats import Counters
 from envq._store import MemoryStore
 from envq._timers import Deadlines
-from envq._values import (
-    Attempt,
-    Event,
-    HookTimeout,
-    Statistics,
-    StopMode,
-    StopReport,
-)
+from envq._values import HookTimeout, Statistics, StopMode
 
-__all__ = ["Queue", "current_attempt"]
+__all__ = ["Attempt", "Queue", "current_attempt"]
 
 log = logging.getLogger("envq")
 
@@ -662,6 +658,19 @@ class Queue:
         env = ATTEMPT.get()
         owner: object = env._rec.owner if env is not None else None
         return self._crew.holding(env) if owner is self and env is not None else None
+
+
+@attrs.frozen
+class Attempt:
+    """The attempt in progress, as :func:`envq.current_attempt` sees it."""
+
+    #: The queue running it.
+    queue: Queue
+    envelope: Envelope
+    #: 1-based number of this attempt in the envelope's current stay in the queue.
+    number: int
+    #: Loop time the envelope's deadline expires; None without a deadline.
+    deadline_at: float | None
 
 
 def current_attempt() -> Attempt | None:

@@ -15,7 +15,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from envq._machine import LIVE_STATES, TERMINAL_STATES, EnvState, Outcome, QueueState
-from envq._values import Rejection, Statistics, StopReport
+from envq._reports import StopReport
+from envq._values import Rejection, Statistics
 
 if TYPE_CHECKING:
     from envq._envelope import Envelope

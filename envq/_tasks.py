@@ -37,7 +37,8 @@ from envq._errors import AlreadyComplete, BadEnvelope, EnvqError, QueueShuttingD
 from envq._limits import RateLimiter
 from envq._machine import TERMINAL_STATES, EnvState, QueueState
 from envq._queue import Queue
-from envq._values import Event, Retry, StopMode, default_rng
+from envq._reports import Event
+from envq._values import Retry, StopMode, default_rng
 
 __all__ = ["AfterCallback", "Task", "TaskFn", "TaskQueue"]
 

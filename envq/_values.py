@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import attrs
 
@@ -13,23 +13,16 @@ from envq import _checks
 from envq._limits import capped_exponential
 from envq._machine import DecisionKind, EnvState, Outcome, QueueState, StopMode, _Enum
 
-if TYPE_CHECKING:
-    from envq._envelope import Envelope
-    from envq._queue import Queue
-
 __all__ = [
     "FIXED_DELAY",
     "FIXED_RATE",
-    "Attempt",
     "Decision",
-    "Event",
     "HookTimeout",
     "Rejection",
     "Retry",
     "Schedule",
     "Statistics",
     "StopMode",
-    "StopReport",
     "drop",
     "retry_after",
     "retry_now",
@@ -192,54 +185,6 @@ class HookTimeout:
         if self.floor is None:
             return share
         return self.floor if share is None else max(share, self.floor)
-
-
-@attrs.frozen
-class Event:
-    """One state change of a queue (``envelope is None``) or of an envelope in it."""
-
-    #: Loop time of the change.
-    time: float
-    #: The queue's name.
-    queue: str
-    envelope: Envelope | None
-    #: ``EnvState.NEW`` for an envelope entering the queue.
-    from_state: QueueState | EnvState
-    to_state: QueueState | EnvState
-    #: The attempt's outcome when the change ends an attempt.
-    outcome: Outcome | None = None
-    #: The error behind the change, if any (the attempt's error, ``MaxRetriesExceeded``…).
-    cause: BaseException | None = None
-
-
-@attrs.frozen
-class Attempt:
-    """The attempt in progress, as :func:`envq.current_attempt` sees it."""
-
-    #: The queue running it.
-    queue: Queue
-    envelope: Envelope
-    #: 1-based number of this attempt in the envelope's current stay in the queue.
-    number: int
-    #: Loop time the envelope's deadline expires; None without a deadline.
-    deadline_at: float | None
-
-
-@attrs.frozen
-class StopReport:
-    """What a stop did (contract §3).
-
-    ``complete`` is True iff the queue was STOPPED (or TERMINATED) when the report was
-    made.
-    """
-
-    #: Envelopes held back, in admission order.
-    parked: tuple[Envelope, ...] = ()
-    #: Envelopes whose attempt finished during the stop, one entry per attempt.
-    completed: tuple[Envelope, ...] = ()
-    #: Envelopes whose attempt was cancelled during the stop, one entry per attempt.
-    cancelled: tuple[Envelope, ...] = ()
-    complete: bool = False
 
 
 @attrs.frozen

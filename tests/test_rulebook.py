@@ -132,3 +132,80 @@ class TestOnlyTheInterpreterWritesStates:
         path = tmp_path / "m.py"
         path.write_text(source + "\n")
         assert [s for _f, _l, s in state_writes(path)] == [spelled]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """envq's modules and the envq modules each imports (``TYPE_CHECKING`` ones too)."""
+    mods: dict[str, Path] = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("envq", *path.relative_to(ROOT).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in mods}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            graph[name] |= {t for t in targets if t in mods and t != "envq"}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops of ``graph`` (its strongly connected parts of two or more)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part: list[str] = []
+            while True:
+                top = stack.pop()
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+class TestLayout:
+    """The package's structure: no import loop, no class too large to read."""
+
+    def test_no_import_loop(self) -> None:
+        """No envq module imports itself back, not even for type checking."""
+        assert cycles(import_graph()) == []
+
+    def test_a_loop_is_found(self) -> None:
+        """The loop finder can fail: a two-module loop is reported."""
+        graph = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
+        assert cycles(graph) == [["a", "b"]]
+
+    def test_the_queue_module_stays_small(self) -> None:
+        """``_queue.py`` is at most 800 lines and no class in envq over 600."""
+        assert len((ROOT / "_queue.py").read_text().splitlines()) <= 800
+        large = [
+            f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1})"
+            for path in ROOT.rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ClassDef)
+            and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > 600
+        ]
+        assert large == []

@@ -1,0 +1,45 @@
+"""What a queue reports: the events of its state changes, and what a stop did."""
+
+from __future__ import annotations
+
+import attrs
+
+from envq._envelope import Envelope
+from envq._machine import EnvState, Outcome, QueueState
+
+__all__ = ["Event", "StopReport"]
+
+
+@attrs.frozen
+class Event:
+    """One state change of a queue (``envelope is None``) or of an envelope in it."""
+
+    #: Loop time of the change.
+    time: float
+    #: The queue's name.
+    queue: str
+    envelope: Envelope | None
+    #: ``EnvState.NEW`` for an envelope entering the queue.
+    from_state: QueueState | EnvState
+    to_state: QueueState | EnvState
+    #: The attempt's outcome when the change ends an attempt.
+    outcome: Outcome | None = None
+    #: The error behind the change, if any (the attempt's error, ``MaxRetriesExceeded``…).
+    cause: BaseException | None = None
+
+
+@attrs.frozen
+class StopReport:
+    """What a stop did (contract §3).
+
+    ``complete`` is True iff the queue was STOPPED (or TERMINATED) when the report was
+    made.
+    """
+
+    #: Envelopes held back, in admission order.
+    parked: tuple[Envelope, ...] = ()
+    #: Envelopes whose attempt finished during the stop, one entry per attempt.
+    completed: tuple[Envelope, ...] = ()
+    #: Envelopes whose attempt was cancelled during the stop, one entry per attempt.
+    cancelled: tuple[Envelope, ...] = ()
+    complete: bool = False
