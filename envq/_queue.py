@@ -1167,10 +1167,10 @@ class Queue:
             self._counts.terminal[to] += 1
             if rec.tick:
                 self._delays.drop(rec)
-            if to is _RETURNED:
-                self._handed.append((rec.seq, env))
             if self.limiter is not None:
                 self._limiter_forget(env)
+            if to is _RETURNED:
+                self._handed.append((rec.seq, env))
             if self._observed:
                 self._observe(env, frm, event, to, cause)
             if to is _FAILED:
