@@ -675,7 +675,7 @@ class Queue:
 
         def on_signal(sig: int) -> None:
             give_back()
-            log.info("queue %r: %s received, stopping", self.name, signal.Signals(sig).name)
+            log.info("queue %r: signal %s received, stopping", self.name, signal.strsignal(sig))
             task = loop.create_task(self.stop(), name=f"envq:{self.name}:stop-on-signal")
             _TASKS.add(task)
             task.add_done_callback(_TASKS.discard)
