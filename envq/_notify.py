@@ -63,7 +63,7 @@ def on_first_signal(
 
     def on_signal(sig: int) -> None:
         give_back()
-        log.info("queue %r: %s received, stopping", name, signal.Signals(sig).name)
+        log.info("queue %r: signal %s received, stopping", name, signal.strsignal(sig))
         keep_alive(loop.create_task(stop(), name=f"envq:{name}:stop-on-signal"))
 
     for sig in signals:

@@ -3,8 +3,11 @@
 - envq checks every envelope move against its table (``STRICT``), unless the
   environment says ``ENVQ_STRICT=0``: CI runs the whole suite both ways, so the
   engine's path with nobody observing it is tested as well.
-- Hypothesis profiles: ``dev`` (default), ``ci`` (bounded, used by ``.ci/run``), and
-  ``deep`` for audits (``pytest --hypothesis-profile=deep``).
+- Hypothesis profiles: ``dev`` (default), ``ci`` (bounded, used by ``.ci/run``),
+  ``deep`` for audits (``pytest --hypothesis-profile=deep``), and ``deep-sample``: the
+  deep profile's settings with fewer examples (``ENVQ_DEEP_SAMPLE``, default 1,000),
+  which CI runs with a fixed ``--hypothesis-seed`` so that the deep profile cannot
+  start failing unnoticed.
 - envq's jitter RNG is registered with Hypothesis so failures replay and shrink.
 """
 
@@ -28,6 +31,9 @@ _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("dev", max_examples=40, **_common)
 settings.register_profile("ci", max_examples=60, derandomize=True, **_common)
 settings.register_profile("deep", max_examples=10_000, **_common)
+settings.register_profile(
+    "deep-sample", max_examples=int(os.environ.get("ENVQ_DEEP_SAMPLE", "1000")), **_common
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

@@ -1377,3 +1377,20 @@ def test_infer_event_covers_every_queue_side_move() -> None:
 def test_every_cause_has_a_class() -> None:
     """The listener knows the exception class of every cause the oracle can name."""
     assert set(CAUSE_CLASSES) == set(CAUSES.values())
+
+
+def test_send_wait_timeout_at_the_instant_room_is_freed() -> None:
+    """Regression (the deep profile, seed 238466981112243565922858615954300807931): a
+    ``send_wait(…, timeout=0.5)`` issued at t=8.0 into a full queue whose envelope
+    runs at t=8.5 and frees the slot. The timeout, due at that very instant, wins (the
+    decision records why); the machine used to count the room as free in time and
+    report "timed out though room was free"."""
+    machine = QueueMachine()
+    try:
+        machine.make_queue(QueueConfig(capacity=1), [EnvSpec(delay=8.5)], started=True)
+        machine.advance(8.0)
+        machine.send_wait([EnvSpec()], timeout=0.5, background=False)
+        machine.advance(10.0)
+        machine.no_violations()
+    finally:
+        machine.teardown()
