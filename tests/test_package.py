@@ -1,0 +1,127 @@
+"""The distribution: its metadata, its licence, what the sdist ships, ``--version``.
+
+The wheel and the sdist are built once per session with ``python -m build`` (the
+``build`` package is a dev dependency; the build backend comes from PyPI into an
+isolated environment, as for any user building from source).
+"""
+
+from __future__ import annotations
+
+import email.parser
+import os
+import subprocess
+import sys
+import tarfile
+import tomllib
+import zipfile
+from email.message import Message
+from pathlib import Path
+
+import pytest
+
+import envq
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel and the sdist of the working tree, built into a temporary folder."""
+    out = tmp_path_factory.mktemp("dist")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def _wheel(dist: Path) -> Path:
+    (wheel,) = dist.glob("envq-*.whl")
+    return wheel
+
+
+def _sdist(dist: Path) -> Path:
+    (sdist,) = dist.glob("envq-*.tar.gz")
+    return sdist
+
+
+def _metadata(dist: Path) -> Message:
+    with zipfile.ZipFile(_wheel(dist)) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        text = zf.read(name).decode()
+    return email.parser.Parser().parsestr(text)
+
+
+def _sdist_names(dist: Path) -> list[str]:
+    with tarfile.open(_sdist(dist)) as tf:
+        # Drop the top folder, envq-X.Y.Z/.
+        return [m.name.partition("/")[2] for m in tf.getmembers() if m.isfile()]
+
+
+def test_license_file_is_mit_and_in_both_distributions(dist: Path) -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License")
+    assert "Permission is hereby granted, free of charge" in text
+    meta = _metadata(dist)
+    assert meta["License-Expression"] == "MIT"
+    assert "LICENSE" in meta.get_all("License-File", [])
+    with zipfile.ZipFile(_wheel(dist)) as zf:
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in zf.namelist())
+    assert "LICENSE" in _sdist_names(dist)
+
+
+def test_metadata_has_classifiers_authors_and_python_versions(dist: Path) -> None:
+    meta = _metadata(dist)
+    classifiers = set(meta.get_all("Classifier", []))
+    for wanted in (
+        "Typing :: Typed",
+        "Framework :: AsyncIO",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+    ):
+        assert wanted in classifiers, wanted
+    assert meta["Author"] or meta["Author-email"]
+    assert meta["Requires-Python"] == ">=3.11"
+    assert meta["Version"] == envq.__version__
+
+
+def test_wheel_ships_the_type_marker(dist: Path) -> None:
+    with zipfile.ZipFile(_wheel(dist)) as zf:
+        assert "envq/py.typed" in zf.namelist()
+
+
+def test_sdist_ships_no_tests(dist: Path) -> None:
+    # The suite needs the repository around it (docs/, specs/, examples/, scripts/,
+    # drivers/): a partial copy in the sdist collected with errors, so none is shipped.
+    names = _sdist_names(dist)
+    assert not [n for n in names if n.startswith("tests/")]
+    assert "pyproject.toml" in names
+    assert "README.md" in names
+    assert "envq/py.typed" in names
+    assert "envq/__init__.py" in names
+
+
+def test_pyproject_reads_the_version_from_the_package() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" in project.get("dynamic", [])
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["-V"]])
+def test_version_option_prints_the_version(argv: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "envq", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"envq {envq.__version__}\n"
