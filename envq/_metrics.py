@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:func:`prometheus_metrics` subscribes a listener to a queue (contract §10) and
+:func:`prometheus_metrics` subscribes a listener to a queue's events and
 registers one collector per ``prometheus_client`` registry, shared by every queue
 exported through that registry, so each metric family appears once with one series
 per queue (label ``name``). Nothing is registered at import, and this module imports

@@ -135,7 +135,7 @@ default_rng: Final = random.Random()
 
 @attrs.frozen
 class Retry:
-    """Exponential-backoff retry policy for one-off envelopes (contract §7).
+    """Exponential-backoff retry policy for one-off envelopes.
 
     ``attempts`` counts every attempt including the first (``-1`` = unlimited). The
     delay after the k-th failure is ``min(cap, base * 2**(k-1))``; with ``jitter`` it
@@ -177,7 +177,7 @@ def _floor(value: float | None) -> float | None:
 
 @attrs.frozen
 class HookTimeout:
-    """Each hook's time budget: ``max(fraction × deadline, floor)`` (contract §5).
+    """Each hook's time budget: ``max(fraction × deadline, floor)``.
 
     With ``deadline = 0`` the budget is ``floor``; ``floor=None`` with ``deadline = 0``
     means no budget.
@@ -227,7 +227,7 @@ class Attempt:
 
 @attrs.frozen
 class StopReport:
-    """What a stop did (contract §3).
+    """What a stop did: how it ended and what it left parked or running.
 
     ``complete`` is True iff the queue was STOPPED (or TERMINATED) when the report was
     made.
@@ -244,7 +244,7 @@ class StopReport:
 
 @attrs.frozen
 class Statistics:
-    """A snapshot of a queue (contract §10)."""
+    """A snapshot of a queue: its state, counters and envelopes by state."""
 
     state: QueueState
     #: Live envelopes by state, and terminal envelopes counted since the queue was made.

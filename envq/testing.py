@@ -1,4 +1,4 @@
-"""Deterministic virtual time for asyncio (contract §11).
+"""Deterministic virtual time for asyncio.
 
 :class:`VirtualTimeLoop` is a selector event loop whose clock only moves when the loop
 would otherwise sleep: when every task is idle and the next timer is in the future, the
