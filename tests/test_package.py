@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import email.parser
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -150,3 +151,22 @@ def test_docstrings_cite_no_section_of_an_unshipped_spec() -> None:
     assert len(docs) > 100
     cites = [f"{path}:{line}" for path, line, doc in docs if "§" in doc]
     assert cites == []
+
+
+def test_docs_site_needs_no_network() -> None:
+    # Offline (an intranet docs host), a CDN's Mermaid and Google's fonts do not load:
+    # the state diagrams showed as raw text. Mermaid is vendored and web fonts are off.
+    config = (ROOT / "mkdocs.yml").read_text()
+    theme = config.partition("\ntheme:\n")[2].partition("\n\n")[0]
+    assert re.search(r"^  font: false$", theme, re.MULTILINE), theme
+    scripts = config.partition("\nextra_javascript:\n")[2].partition("\n\n")[0]
+    assert re.findall(r"^  - (\S+)$", scripts, re.MULTILINE) == ["assets/mermaid/mermaid.min.js"]
+    assert "://" not in scripts
+    vendored = ROOT / "docs" / "assets" / "mermaid"
+    script = (vendored / "mermaid.min.js").read_text(encoding="utf-8")
+    # mkdocs-material looks for a global `mermaid` (and fetches one only without it).
+    assert script.rstrip().endswith(
+        'globalThis["mermaid"] = globalThis.__esbuild_esm_mermaid_nm["mermaid"].default;'
+    )
+    assert 'version:"11.' in script  # the major version mkdocs-material drives
+    assert (vendored / "LICENSE").read_text().startswith("The MIT License")
