@@ -170,3 +170,39 @@ def test_docs_site_needs_no_network() -> None:
     )
     assert 'version:"11.' in script  # the major version mkdocs-material drives
     assert (vendored / "LICENSE").read_text().startswith("The MIT License")
+
+
+def test_mypy_type_checks_a_user_of_an_editable_install(tmp_path: Path) -> None:
+    # setuptools installed envq in editable mode through an import hook, which mypy
+    # cannot follow: "import envq" in a user's file was "import-not-found" and every
+    # envq name was Any. hatchling's editable install is a path in a .pth file.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "-e", str(ROOT)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "app.py").write_text(
+        "import envq\n\nqueue = envq.Queue('jobs')\nreveal_type(queue)\nname: int = queue.name\n"
+    )
+    mypy = [sys.executable, "-m", "mypy", "--strict", "--no-incremental"]
+    proc = subprocess.run(
+        [*mypy, "--python-executable", str(python), "app.py"],
+        cwd=user,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert 'Revealed type is "envq._queue.Queue"' in proc.stdout, proc.stdout + proc.stderr
+    # envq's types are checked: the one error is the user's own, a str put in an int.
+    errors = [line for line in proc.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1, proc.stdout
+    assert "app.py:5: error: Incompatible types in assignment" in errors[0]
