@@ -44,6 +44,7 @@ PAGES = (
     "retries.md",
     "threads.md",
     "ports.md",
+    "coming-from.md",
 )
 NO_RUN = "<!-- no-run -->"
 PYTEST = "<!-- pytest -->"
