@@ -206,3 +206,37 @@ def test_mypy_type_checks_a_user_of_an_editable_install(tmp_path: Path) -> None:
     errors = [line for line in proc.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1, proc.stdout
     assert "app.py:5: error: Incompatible types in assignment" in errors[0]
+
+
+def test_api_page_docstrings_speak_of_no_contract() -> None:
+    # What the API reference renders: every public name of envq, envq.testing and
+    # envq.pytest_plugin, and their public members.
+    import inspect  # noqa: PLC0415
+
+    import envq.pytest_plugin  # noqa: PLC0415
+    import envq.testing  # noqa: PLC0415
+
+    jargon = re.compile(r"\bcontract\b|§", re.IGNORECASE)
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def visit(obj: object, name: str, depth: int) -> None:
+        if id(obj) in seen or depth > 2:
+            return
+        seen.add(id(obj))
+        found.extend(
+            f"{name}: {line.strip()}"
+            for line in (inspect.getdoc(obj) or "").splitlines()
+            if jargon.search(line)
+        )
+        if inspect.isclass(obj) or inspect.ismodule(obj):
+            for key, value in vars(obj).items():
+                if not key.startswith("_") and not inspect.ismodule(value):
+                    visit(value, f"{name}.{key}", depth + 1)
+
+    for public in envq.__all__:
+        visit(getattr(envq, public), f"envq.{public}", 0)
+    visit(envq.testing, "envq.testing", 0)
+    visit(envq.pytest_plugin, "envq.pytest_plugin", 0)
+    assert len(seen) > 200
+    assert found == []
