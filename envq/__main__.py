@@ -5,7 +5,8 @@
 * ``envq spec [--format text|markdown|json]`` prints the runtime's lifecycle and outcome
   tables (:mod:`envq._machine`), the ones the queue executes;
 * ``envq conform [options] -- CMD ARGS...`` checks a port of envq through a driver
-  (:mod:`envq.conform`; needs ``envq[conform]``).
+  (:mod:`envq.conform`; needs ``envq[conform]``);
+* ``envq --version`` prints the installed version.
 
 ``main(argv)`` is also the ``envq`` console script.
 """
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any, Final
 
+from envq import __version__
 from envq import _machine as m
 from envq.demo import DemoOptions, run_demo
 
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="envq", description="envq: an asyncio in-process queue and scheduler."
     )
+    parser.add_argument("-V", "--version", action="version", version=f"envq {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = commands.add_parser(
         "demo",

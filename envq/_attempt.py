@@ -1,4 +1,4 @@
-"""One attempt of an envelope, as a worker runs it (contract §4, §5).
+"""One attempt of an envelope, as a worker runs it: its outcome and its hooks.
 
 :class:`Runner` runs ``before → stamps → invoke → after`` under the envelope's
 deadline and the hooks' budgets, runs ``on_success`` / ``on_failure`` under their own
@@ -225,7 +225,7 @@ _INTERRUPTED: Final = object()
 
 
 class Runner:
-    """Runs one queue's attempts and hooks (contract §4, §5).
+    """Runs one queue's attempts and hooks, each hook within its time budget.
 
     :param name: the queue's name, for messages.
     :param stamps: the queue's stamps (outermost).

@@ -1,4 +1,4 @@
-"""Tasks for synchronous programs, and the global task queue (contract §8).
+"""Tasks for synchronous programs, and the global task queue.
 
 :class:`BackgroundQueue` hosts a :class:`envq.TaskQueue` on its own thread with its own
 event loop: any thread may queue tasks (the hand-over is

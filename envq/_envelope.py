@@ -1,4 +1,4 @@
-"""The envelope: one unit of work with its schedule, deadline, hooks and stamps (§2)."""
+"""The envelope: one unit of work with its schedule, deadline, hooks and stamps."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def _check_not_before(inst: object, attr: attrs.Attribute[Any], value: object) -
 
 @attrs.define(eq=False, kw_only=True, repr=False, on_setattr=attrs.setters.frozen)
 class Envelope:
-    """One unit of work for a :class:`envq.Queue` (contract §2).
+    """One unit of work for a :class:`envq.Queue`.
 
     Every field is fixed after construction except :attr:`payload`; use
     :meth:`evolve` for a validated copy with changes. Identity matters: a queue holds

@@ -1,4 +1,4 @@
-"""Rate limiters with client-go workqueue semantics (contract §7).
+"""Rate limiters with client-go workqueue semantics.
 
 One protocol, :class:`RateLimiter`: ``when(env)`` says how long to wait (and records
 the request), ``forget(env)`` clears what was recorded for an envelope, ``retries(env)``

@@ -137,7 +137,7 @@ class _Enum(enum.Enum):
 
 
 class QueueState(_Enum):
-    """The queue's lifecycle state (contract §3)."""
+    """The queue's lifecycle state (the docs' Lifecycle page draws the diagram)."""
 
     INIT = "init"
     RUNNING = "running"
@@ -147,7 +147,7 @@ class QueueState(_Enum):
 
 
 class StopMode(_Enum):
-    """How ``stop()`` treats READY envelopes (contract §3)."""
+    """How ``stop()`` treats READY envelopes: run them first (DRAIN) or park them (STOP)."""
 
     #: Ready envelopes run before the stop ends; what they reschedule is parked.
     DRAIN = "drain"
@@ -171,7 +171,7 @@ class QueueCall(_Enum):
 
 
 class EnvState(_Enum):
-    """The state of one envelope inside one queue (contract §4).
+    """The state of one envelope inside one queue.
 
     ``NEW`` is the pseudo-state of an envelope not (yet) in the queue; the last four
     are terminal.
@@ -190,7 +190,7 @@ class EnvState(_Enum):
 
 
 class Outcome(_Enum):
-    """How one attempt ended (contract §4)."""
+    """How one attempt ended; with the envelope's kind, it picks the row of the outcome table."""
 
     OK = "ok"
     ERROR = "error"
@@ -410,7 +410,7 @@ SHELVE_TARGET: Final[Mapping[CancelCause, EnvState]] = MappingProxyType(
 )
 
 #: What a move back into the queue (reschedule, retry) becomes while the queue is not
-#: RUNNING: parked (contract §4, "Decide").
+#: RUNNING: parked.
 PARK_INSTEAD: Final[Mapping[EnvState, EnvState]] = MappingProxyType(
     {_E.READY: _E.PARKED, _E.DELAYED: _E.PARKED}
 )

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:func:`prometheus_metrics` subscribes a listener to a queue (contract §10) and
+:func:`prometheus_metrics` subscribes a listener to a queue's events and
 registers one collector per ``prometheus_client`` registry, shared by every queue
 exported through that registry, so each metric family appears once with one series
 per queue (label ``name``). Nothing is registered at import, and this module imports
@@ -482,14 +482,15 @@ def _check_registry(what: str, registry: object, *methods: str) -> None:
 @final
 class MetricsServer:
     """A ``/metrics`` HTTP endpoint on a background thread; made by
-    :func:`envq.serve_metrics`. ``close()`` (or leaving a ``with`` block) stops it."""
+    :func:`envq.serve_metrics`. ``close()`` (or leaving a ``with`` block) stops it.
 
-    def __init__(self, server: http.server.ThreadingHTTPServer) -> None:
+    The server and its thread are the ones ``prometheus_client.start_http_server``
+    returns; this object only adds the address read back, ``close()`` and ``with``.
+    """
+
+    def __init__(self, server: http.server.HTTPServer, thread: threading.Thread) -> None:
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, name="envq-metrics", daemon=True
-        )
-        self._thread.start()
+        self._thread = thread
         self._closed = False
         address: Any = server.server_address
         #: The address and port served (the real port when 0 was asked for).
@@ -541,9 +542,9 @@ def serve_metrics(
     if registry is not None:
         _check_registry("serve_metrics: registry", registry, "collect")
     _require_prometheus()
-    from prometheus_client import REGISTRY  # noqa: PLC0415 - the optional extra
-    from prometheus_client.exposition import MetricsHandler  # noqa: PLC0415
+    import prometheus_client  # noqa: PLC0415 - the optional extra
 
-    handler = MetricsHandler.factory(registry if registry is not None else REGISTRY)
-    server = http.server.ThreadingHTTPServer((host, port), handler)
-    return MetricsServer(server)
+    server, thread = prometheus_client.start_http_server(
+        port, addr=host, registry=registry if registry is not None else prometheus_client.REGISTRY
+    )
+    return MetricsServer(server, thread)

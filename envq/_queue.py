@@ -1,4 +1,4 @@
-"""The queue: lifecycle, admission, workers and the outcome interpreter (contract §3–§6).
+"""The queue: lifecycle, admission, capacity, workers and the outcome interpreter.
 
 Every state change goes through the tables of :mod:`envq._machine`: the lifecycle
 methods look up ``LIFECYCLE[(state, call)]`` and hand the row to :meth:`Queue._life`,
@@ -86,7 +86,7 @@ _PERIODIC: Final = Kind.PERIODIC
 
 
 class Queue:
-    """A named, bounded, asyncio-native worker pool that runs envelopes (contract §3).
+    """A named, bounded, asyncio-native worker pool that runs envelopes.
 
     :param name: ``[a-zA-Z0-9:_]+``; used in messages, logs and metric labels.
     :param workers: number of concurrent attempts (> 0).

@@ -30,7 +30,7 @@ class Event:
 
 @attrs.frozen
 class StopReport:
-    """What a stop did (contract §3).
+    """What a stop did: how it ended and what it left parked or running.
 
     ``complete`` is True iff the queue was STOPPED (or TERMINATED) when the report was
     made.

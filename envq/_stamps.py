@@ -1,9 +1,9 @@
 """Stamps (middleware) shipped with envq, and what they share.
 
-A stamp wraps the invoker chain of one attempt (contract §1), so it sees the chain's
+A stamp wraps the invoker chain of one attempt (its middleware), so it sees the chain's
 result or exception but not the queue's own verdict. :func:`attempt_outcome` maps
 what a stamp saw to the :class:`envq.Outcome` the queue gives the attempt, by the
-contract's §4 rules; :func:`envq.logging_stamp` and :func:`envq.otel_stamp` report it.
+rules of the outcome table; :func:`envq.logging_stamp` and :func:`envq.otel_stamp` report it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A queue's counters, and the stop under way with its report (contract §3, §10).
+"""A queue's counters, and the stop under way with its report.
 
 :class:`Counters` holds what ``Queue.statistics()`` reports besides the live
 envelopes: terminal states reached, outcomes, dedups and refused sends by

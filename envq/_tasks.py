@@ -1,4 +1,4 @@
-"""The dowork-style task API (contract §8): :class:`Task` and :class:`TaskQueue`.
+"""The dowork-style task API: :class:`Task` and :class:`TaskQueue`.
 
 A :class:`Task` is a function plus a retry policy, built fluently::
 
@@ -93,7 +93,7 @@ class _TaskFuture(concurrent.futures.Future[Any]):
 
 
 class Task:
-    """One piece of work with a retry policy, dowork style (contract §8).
+    """One piece of work with a retry policy, dowork style.
 
     Build it fluently, then hand it to :func:`envq.enqueue`, :meth:`TaskQueue.enqueue`
     or :meth:`envq.BackgroundQueue.enqueue`; a task's settings are fixed once it is
@@ -342,7 +342,7 @@ class Task:
 
 
 class TaskQueue:
-    """A dowork-style task queue over an :class:`envq.Queue` (contract §8).
+    """A dowork-style task queue over an :class:`envq.Queue`.
 
     Use it from one event loop. ``start()`` (or ``run()``, ``dispatch()``, ``async
     with``) starts it; from then on due tasks run on their own while the loop runs.

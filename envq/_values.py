@@ -128,7 +128,7 @@ default_rng: Final = random.Random()
 
 @attrs.frozen
 class Retry:
-    """Exponential-backoff retry policy for one-off envelopes (contract §7).
+    """Exponential-backoff retry policy for one-off envelopes.
 
     ``attempts`` counts every attempt including the first (``-1`` = unlimited). The
     delay after the k-th failure is ``min(cap, base * 2**(k-1))``; with ``jitter`` it
@@ -170,7 +170,7 @@ def _floor(value: float | None) -> float | None:
 
 @attrs.frozen
 class HookTimeout:
-    """Each hook's time budget: ``max(fraction × deadline, floor)`` (contract §5).
+    """Each hook's time budget: ``max(fraction × deadline, floor)``.
 
     With ``deadline = 0`` the budget is ``floor``; ``floor=None`` with ``deadline = 0``
     means no budget.
@@ -189,7 +189,7 @@ class HookTimeout:
 
 @attrs.frozen
 class Statistics:
-    """A snapshot of a queue (contract §10)."""
+    """A snapshot of a queue: its state, counters and envelopes by state."""
 
     state: QueueState
     #: Live envelopes by state, and terminal envelopes counted since the queue was made.

@@ -1,4 +1,4 @@
-"""Deterministic virtual time for asyncio (contract §11).
+"""Deterministic virtual time for asyncio.
 
 :class:`VirtualTimeLoop` is a selector event loop whose clock only moves when the loop
 would otherwise sleep: when every task is idle and the next timer is in the future, the
@@ -20,7 +20,8 @@ Usage::
 
     run(main())
 
-The pytest plugin :mod:`envq.pytest_plugin` runs every ``async def`` test on this loop.
+The pytest plugin :mod:`envq.pytest_plugin` runs the ``async def`` tests that ask for it
+on this loop (marker ``virtual_time``, or the ini option ``envq_virtual_time = all``).
 """
 
 from __future__ import annotations

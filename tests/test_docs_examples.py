@@ -44,6 +44,7 @@ PAGES = (
     "retries.md",
     "threads.md",
     "ports.md",
+    "coming-from.md",
 )
 NO_RUN = "<!-- no-run -->"
 PYTEST = "<!-- pytest -->"
@@ -153,7 +154,8 @@ def test_example_runs(example: Example, tmp_path: Path) -> None:
     if example.is_test_module:
         (tmp_path / "conftest.py").write_text(CONFTEST, encoding="utf-8")
         command = [sys.executable, "-m", "pytest", "-q", "-W", "error", "-p", "envq.pytest_plugin"]
-        command += ["-p", "no:cacheprovider", "--strict-markers", str(script)]
+        # pytest-asyncio (a dev dependency) stays out: the page's module is envq's.
+        command += ["-p", "no:cacheprovider", "-p", "no:asyncio", "--strict-markers", str(script)]
     else:
         command = [sys.executable, "-W", "error", "-c", RUNNER, str(script)]
     try:

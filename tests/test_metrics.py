@@ -1,5 +1,5 @@
-"""Contract §10: Prometheus metrics with client-go's workqueue names, types, label and
-buckets, plus envq's own; served over HTTP on the loopback interface only."""
+"""Prometheus metrics with client-go's workqueue names, types, label and buckets, plus
+envq's own; served over HTTP on the loopback interface only."""
 
 from __future__ import annotations
 
@@ -360,6 +360,39 @@ class TestHttp:
             await q.terminate()
         with pytest.raises(urllib.error.URLError):  # closed: the port is released
             await asyncio.to_thread(http_get, server.url)
+
+    def test_served_by_prometheus_clients_own_server(
+        self, registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """serve_metrics() delegates to prometheus_client.start_http_server (the same
+        endpoint as a plain prometheus_client program: gzip, ``name[]`` filters, TLS
+        fixes) and close() stops its thread and releases the port."""
+        import prometheus_client  # noqa: PLC0415
+
+        calls: list[tuple[Any, ...]] = []
+        threads: list[threading.Thread] = []
+        real = prometheus_client.start_http_server
+
+        def spy(port: int, addr: str = "0.0.0.0", registry: Any = REGISTRY) -> Any:
+            calls.append((port, addr, registry))
+            server, thread = real(port, addr=addr, registry=registry)
+            threads.append(thread)
+            return server, thread
+
+        monkeypatch.setattr(prometheus_client, "start_http_server", spy)
+        Gauge("served_gauge", "A gauge.", registry=registry).set(7)
+        with envq.serve_metrics(0, registry=registry) as server:
+            assert calls == [(0, "127.0.0.1", registry)]
+            assert server.port > 0
+            assert threads[0].is_alive()
+            fams = families(http_get(server.url))
+            assert fams["served_gauge"].samples[0].value == 7
+            assert "closed" not in repr(server)
+        assert not threads[0].is_alive()
+        assert "closed" in repr(server)
+        server.close()  # idempotent
+        with pytest.raises(urllib.error.URLError):
+            http_get(server.url)
 
     async def test_scrape_from_a_thread_on_virtual_time(self, registry: CollectorRegistry) -> None:
         """A scrape from the server's thread reads the queue on the queue's loop."""

@@ -188,7 +188,7 @@ def expected_target(
     of consecutive failures afterwards (periodic envelopes).
 
     The state comes from the model (:func:`model_target`) in the attempt's situation;
-    the delay, hook and cause are the contract's (§4, §7).
+    the delay, hook and cause follow the outcome table and the retry policy.
     """
     kind = Kind.BLACKLISTED if blacklisted else Kind.PERIODIC if spec.periodic else Kind.ONE_OFF
     decision: DecisionKind | None = None

@@ -4,9 +4,9 @@ This subpackage needs ``python-statemachine`` (``pip install envq[conform]``); t
 engine never imports it. The repository's top-level ``models`` package re-exports it
 for auditors.
 
-* :class:`~envq.model.lifecycle.LifecycleModel` — the queue lifecycle (contract §3);
+* :class:`~envq.model.lifecycle.LifecycleModel` — the queue lifecycle;
 * :class:`~envq.model.envelope.EnvelopeModel` — one envelope's states and the outcome
-  table (contract §4).
+  table.
 
 Both are python-statemachine ``StateMachine`` classes written from the contract.
 ``tests/test_models.py`` proves them equal to the runtime tables in

@@ -1,4 +1,4 @@
-"""The envelope state machine as a python-statemachine model (contract §3, §4).
+"""The envelope state machine as a python-statemachine model, with the outcome table.
 
 One instance is one envelope's stay in one queue. ``NEW`` is the pseudo-state "not in
 the queue yet"; SUCCEEDED, FAILED, STOPPED and RETURNED are final. The model is
@@ -14,7 +14,7 @@ Events:
   ``StopMode.STOP``, DELAYED under any mode), ``terminate`` (``terminate()`` hands it
   back), ``blacklist`` (its ``type`` was blacklisted by a ``StopType``);
 * ``attempt_<outcome>``: the attempt in flight ended with that :class:`Outcome`
-  (§4's outcome table, one row group per :class:`Kind`).
+  (the outcome table, one row group per :class:`Kind`).
 
 The guards read the context of the move, set on the instance (:data:`Context`, the
 runtime's ``Situation``): the row group (``kind``), the queue's lifecycle state,
@@ -55,7 +55,7 @@ Context = Situation
 
 
 class EnvelopeModel(StateMachine):
-    """One envelope's states inside one queue (contract §4) and the outcome table."""
+    """One envelope's states inside one queue, and the outcome table."""
 
     s = States.from_enum(
         EnvState,

@@ -1,4 +1,4 @@
-"""The invariants envq keeps, stated precisely (contract §3, §4, §6, §10).
+"""The invariants envq keeps, stated precisely: lifecycle, outcomes, capacity, events.
 
 Each :class:`Invariant` has a stable id (``I1`` …) used by the checkers:
 ``scripts/explore.py`` checks every one of them on an abstract model driven by the

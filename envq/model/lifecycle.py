@@ -1,4 +1,4 @@
-"""The queue lifecycle as a python-statemachine model (contract §3, "Lifecycle").
+"""The queue lifecycle as a python-statemachine model.
 
 This is the auditor's copy of the lifecycle table, written from the contract, not
 generated from ``envq._machine``. ``tests/test_models.py`` proves it equal to the
@@ -40,7 +40,7 @@ __all__ = ["CALL_EVENTS", "REJECTED", "LifecycleModel"]
 
 
 class LifecycleModel(StateMachine):
-    """The queue's lifecycle (contract §3): INIT → RUNNING ⇄ STOPPING → STOPPED … → TERMINATED."""
+    """The queue's lifecycle: INIT → RUNNING ⇄ STOPPING → STOPPED … → TERMINATED."""
 
     s = States.from_enum(QueueState, initial=QueueState.INIT)
 
