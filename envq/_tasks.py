@@ -33,7 +33,13 @@ from typing import Any, Final
 
 from envq import _checks
 from envq._envelope import Envelope, is_async_callable
-from envq._errors import AlreadyComplete, BadEnvelope, EnvqError, QueueShuttingDown
+from envq._errors import (
+    AlreadyComplete,
+    BadEnvelope,
+    EnvqError,
+    QueueShuttingDown,
+    QueueTerminated,
+)
 from envq._limits import RateLimiter
 from envq._machine import TERMINAL_STATES, EnvState, QueueState
 from envq._queue import Queue
@@ -71,9 +77,17 @@ def _loop_wall(loop: asyncio.AbstractEventLoop, loop_time: float) -> dt.datetime
 class _TaskFuture(concurrent.futures.Future[Any]):
     """A task's future; knows whether anyone waits on it or asked to be called back
     (``await task``, ``task.future.result()``, ``add_done_callback``…), so that a
-    failure nobody observes can be logged."""
+    failure nobody observes can be logged.
+
+    It cannot be cancelled: it reports the task's end, and the task belongs to its
+    queue. A waiter that gives up (``asyncio.wait_for(task, t)`` timing out, a
+    cancelled coroutine awaiting the task) ends its own wait, not the task."""
 
     observed = False
+
+    def cancel(self) -> bool:
+        """Refused: always False, and the future keeps following the task."""
+        return False
 
     def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
         """As ``concurrent.futures.Future.add_done_callback``; marks it observed."""
@@ -597,6 +611,8 @@ class TaskQueue:
     def _on_event(self, event: Event) -> None:
         env = event.envelope
         if env is None:
+            if event.to_state is QueueState.TERMINATED:
+                self._end_held()
             return
         task = self._tasks.get(env)
         if task is None:
@@ -612,15 +628,30 @@ class TaskQueue:
             self._delayed.discard(env)
         if to in TERMINAL_STATES:
             del self._tasks[env]
+            error: BaseException | None = None
             if to is EnvState.RETURNED:
-                task._release()
-            else:
-                error = None
-                if to is not EnvState.SUCCEEDED:
-                    error = event.cause or EnvqError(f"task {task.name!r} ended {to.name}")
-                task._end(error)
-                self._spawn_finish(task)
+                # Handed back by a terminate() of the engine (the user's own, or a
+                # shutdown's): the engine never runs again, so the task ends here.
+                error = self._terminated_error(task)
+            elif to is not EnvState.SUCCEEDED:
+                error = event.cause or EnvqError(f"task {task.name!r} ended {to.name}")
+            task._end(error)
+            self._spawn_finish(task)
         self._poke()
+
+    def _terminated_error(self, task: Task) -> QueueTerminated:
+        return QueueTerminated(
+            f"task {task.name!r}: its task queue {self.name!r} was terminated before it ended"
+        )
+
+    def _end_held(self) -> None:
+        """The engine was terminated: end the tasks held while it was stopped."""
+        held, self._held = self._held, []
+        for env in held:
+            task = self._tasks.pop(env, None)
+            if task is not None:
+                task._end(self._terminated_error(task))
+                self._spawn_finish(task)
 
     def _spawn_finish(self, task: Task) -> None:
         loop = self._queue_loop()
@@ -704,16 +735,16 @@ class TaskQueue:
                 await queue.wait_stopped()
             if queue.state is QueueState.STOPPED:
                 queue.start()
-            self._flush_held()
-            await queue.run_until_empty()
-            # The after callbacks may still need the engine's thread pool, which
-            # terminate() shuts down.
+            if queue.state is not QueueState.TERMINATED:  # the user may have terminated it
+                self._flush_held()
+                await queue.run_until_empty()
+                # The after callbacks may still need the engine's thread pool, which
+                # terminate() shuts down.
+                await self._after_callbacks()
+                await queue.terminate()  # hands back nothing, unless someone stopped it
+            self._end_held()
             await self._after_callbacks()
-            for env in await queue.terminate():  # nothing, unless someone else stopped it
-                handed = self._tasks.pop(env, None)
-                if handed is not None:
-                    handed._release()
-            await self._after_callbacks()
+            queue._threads.shutdown()  # again: the after callbacks may have restarted it
             stuck = queue.statistics().stuck_threads
             if stuck:
                 log.warning(

@@ -1,0 +1,121 @@
+"""The task API's edge cases on virtual time: waiting with a timeout, shutting down a
+task queue whose engine was terminated, and tasks left queued when a loop ends."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import envq
+
+
+class Flaky:
+    """An async task function that fails its first ``fails`` calls, then returns ``value``."""
+
+    def __init__(self, fails: int, value: Any = "done") -> None:
+        self.fails = fails
+        self.value = value
+        self.calls = 0
+
+    async def __call__(self) -> Any:
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise ValueError(f"failure {self.calls}")
+        return self.value
+
+
+class TestWaitWithTimeout:
+    async def test_wait_for_timing_out_leaves_the_task_and_its_future_alone(self) -> None:
+        """A wait that times out ends the wait only: the task goes on, succeeds, and
+        its future and ``await task`` give the result."""
+        q = envq.TaskQueue()
+        q.start()
+        fn = Flaky(fails=1, value=42)
+        task = q.enqueue(envq.Task(fn).retries(3).no_jitter().backoff(10))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(task, 1)
+        assert not task.future.cancelled()
+        assert await task == 42
+        assert task.future.result() == 42
+        assert fn.calls == 2
+        await q.shutdown()
+
+    async def test_cancelling_an_awaiting_coroutine_does_not_cancel_the_task(self) -> None:
+        """A coroutine awaiting a task, cancelled, leaves the task running to its end."""
+        q = envq.TaskQueue()
+        q.start()
+        task = q.enqueue(envq.Task(Flaky(fails=1, value="ok")).retries(2).no_jitter())
+        waiter = asyncio.ensure_future(task)
+        await asyncio.sleep(0.5)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert await task == "ok"
+        await q.shutdown()
+
+    async def test_future_cancel_is_refused(self) -> None:
+        """``task.future.cancel()`` returns False and changes nothing, queued or not."""
+        q = envq.TaskQueue()
+        task = envq.Task(Flaky(fails=0, value=7))
+        assert task.future.cancel() is False
+        q.enqueue(task)
+        assert task.future.cancel() is False
+        assert not task.future.cancelled()
+        await q.shutdown()
+        assert task.future.result() == 7
+
+
+class TestShutdownAfterTerminate:
+    async def test_tasks_held_while_stopped_end_when_the_engine_is_terminated(self) -> None:
+        """Tasks queued while the engine is stopped are held; a terminate of the
+        engine ends them with QueueTerminated (their after callbacks run)."""
+        q = envq.TaskQueue()
+        q.start()
+        await q.queue.stop()
+        reported: list[BaseException | None] = []
+        task = q.enqueue(envq.Task(Flaky(fails=0)).after(reported.append))
+        await q.queue.terminate()
+        await asyncio.sleep(0)
+        assert task.done
+        await q.shutdown()
+        assert task.done
+        assert isinstance(task.result, envq.QueueTerminated)
+        assert reported == [task.result]
+
+    async def test_shutdown_after_the_engine_was_terminated(self) -> None:
+        """``shutdown()`` of a task queue whose engine the user terminated returns:
+        the tasks the terminate handed back end with an error, none is left pending."""
+        q = envq.TaskQueue()
+        q.start()
+        done = q.enqueue(envq.Task(Flaky(fails=0, value=1)))
+        await q.dispatch()
+        reported: list[BaseException | None] = []
+        later = q.enqueue(envq.Task(Flaky(fails=0)).not_before(_in(3600)).after(reported.append))
+        await q.queue.terminate()
+        await q.shutdown()
+        assert len(reported) == 1
+        assert isinstance(reported[0], envq.QueueTerminated)
+        assert q.closed
+        assert done.future.result() == 1
+        assert later.done
+        with pytest.raises(envq.EnvqError, match="terminated"):
+            later.future.result()
+        with pytest.raises(envq.QueueShuttingDown):
+            q.submit(Flaky(fails=0))
+
+    async def test_shutdown_of_a_never_started_queue_whose_engine_was_terminated(self) -> None:
+        """A task queue never started, its engine terminated: shutdown() returns."""
+        q = envq.TaskQueue()
+        await q.queue.terminate()
+        await q.shutdown()
+        assert q.closed
+
+
+def _in(seconds: float) -> Any:
+    import datetime as dt  # noqa: PLC0415
+
+    loop = asyncio.get_running_loop()
+    wall = loop.wall_time()  # type: ignore[attr-defined]
+    return dt.datetime.fromtimestamp(wall + seconds, tz=dt.UTC)
