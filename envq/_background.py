@@ -28,9 +28,9 @@ from types import TracebackType
 from typing import Any, Final
 
 from envq import _checks
-from envq._errors import BadEnvelope, QueueShuttingDown
+from envq._errors import QueueShuttingDown
 from envq._limits import RateLimiter
-from envq._tasks import _INSIDE, Task, TaskFn, TaskQueue
+from envq._tasks import _INSIDE, Task, TaskFn, TaskQueue, check_task
 
 __all__ = ["BackgroundQueue", "enqueue", "shutdown", "submit"]
 
@@ -51,7 +51,8 @@ class BackgroundQueue:
     ``concurrent.futures`` stops its threads (exit waits for the queued tasks, as it
     does for a ``ThreadPoolExecutor``'s).
 
-    :param name: the underlying queue's name (``[a-zA-Z0-9:_]+``).
+    :param name: the underlying queue's name: any non-empty printable str without
+        surrounding whitespace (``"my-tasks"``); it labels the queue's metrics.
     :param workers: how many tasks run at once.
     :param rate: a dispatch limiter, e.g. ``envq.TokenBucket(rate=5, burst=10)``.
     :param limiter: a failure-retry limiter, e.g. ``envq.default_limiter()``.
@@ -150,10 +151,10 @@ class BackgroundQueue:
 
         :raises QueueShuttingDown: after ``shutdown()``.
         :raises AlreadyComplete: the task has already ended.
-        :raises BadEnvelope: not a task, or queued in another task queue.
+        :raises BadEnvelopeType: not a task (a ``TypeError``).
+        :raises BadEnvelope: queued in another task queue.
         """
-        if not isinstance(task, Task):
-            raise BadEnvelope(f"task queue {self.name!r}: not a Task: {task!r}")
+        check_task(f"task queue {self.name!r}: enqueue()", task)
         if self._forked_from is not None:
             raise RuntimeError(
                 f"task queue {self.name!r} was started in process {self._forked_from}; its "
@@ -389,7 +390,9 @@ def enqueue(task: Task) -> Task:
     :raises QueueShuttingDown: while the global queue is shutting down (once it has
         shut down, the next call starts a fresh one).
     :raises AlreadyComplete: the task has already ended.
+    :raises BadEnvelopeType: not a task (a ``TypeError``).
     """
+    check_task("enqueue()", task)
     return _global_queue().enqueue(task)
 
 

@@ -33,6 +33,7 @@ from envq._attempt import Runner, Threads, Worker
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
 from envq._errors import (
     BadEnvelope,
+    BadEnvelopeType,
     CapacityExceeded,
     EnvqError,
     MaxRetriesExceeded,
@@ -159,7 +160,8 @@ _ATTEMPT: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
 class Queue:
     """A named, bounded, asyncio-native worker pool that runs envelopes (contract §3).
 
-    :param name: ``[a-zA-Z0-9:_]+``; used in messages, logs and metric labels.
+    :param name: a non-empty printable str without surrounding whitespace
+        (``"my-queue"``); used in messages, logs and metric labels.
     :param workers: number of concurrent attempts (> 0).
     :param capacity: most envelopes in non-terminal states at once; 0 = unlimited.
     :param stop_mode: the default :class:`StopMode` of ``stop()``.
@@ -322,7 +324,8 @@ class Queue:
         :raises QueueStopping: the queue is STOPPING.
         :raises QueueNotRunning: the queue is STOPPED.
         :raises QueueTerminated: the queue is TERMINATED.
-        :raises BadEnvelope: not an envelope, or live in another queue.
+        :raises BadEnvelopeType: not an envelope (a ``TypeError`` and a ``BadEnvelope``).
+        :raises BadEnvelope: live in another queue.
         :raises TypeBlacklisted: its ``type`` was blacklisted by a ``StopType``.
         :raises CapacityExceeded: the batch does not fit, or producers are waiting in
             ``send_wait`` (send does not overtake them).
@@ -925,7 +928,7 @@ class Queue:
         validation, then the blacklist, then dedup / another queue."""
         for item in items:
             if not isinstance(item, Envelope):
-                self._reject(Rejection.INVALID, BadEnvelope, f"not an Envelope: {item!r}")
+                self._reject(Rejection.INVALID, BadEnvelopeType, f"not an Envelope: {item!r}")
         batch = cast("Sequence[Envelope]", items)
         for env in batch:
             if env.type in self._blacklist:

@@ -36,6 +36,7 @@ from envq._envelope import Envelope, is_async_callable
 from envq._errors import (
     AlreadyComplete,
     BadEnvelope,
+    BadEnvelopeType,
     EnvqError,
     QueueShuttingDown,
     QueueTerminated,
@@ -354,13 +355,26 @@ class Task:
         return self._error, value if n == self._attempts else None
 
 
+def check_task(where: str, task: object) -> Task:
+    """``task`` if it is a :class:`Task`; else :class:`envq.BadEnvelopeType` (a
+    ``TypeError`` and a ``BadEnvelope``), with a hint when it is a function."""
+    if not isinstance(task, Task):
+        hint = " (to run a function, use submit(fn, *args) or enqueue(Task(fn)))"
+        raise BadEnvelopeType(
+            f"{where}: task must be a Task, got {_checks.show(task)}"
+            + (hint if callable(task) else "")
+        )
+    return task
+
+
 class TaskQueue:
     """A dowork-style task queue over an :class:`envq.Queue` (contract §8).
 
     Use it from one event loop. ``start()`` (or ``run()``, ``dispatch()``, ``async
     with``) starts it; from then on due tasks run on their own while the loop runs.
 
-    :param name: the underlying queue's name (``[a-zA-Z0-9:_]+``).
+    :param name: the underlying queue's name: any non-empty printable str without
+        surrounding whitespace (``"my-tasks"``); it labels the queue's metrics.
     :param workers: how many tasks run at once.
     :param capacity: most tasks queued at once; 0 = unlimited (``enqueue`` raises
         :class:`envq.CapacityExceeded` beyond it).
@@ -454,14 +468,14 @@ class TaskQueue:
 
         :raises QueueShuttingDown: after ``shutdown()``.
         :raises AlreadyComplete: the task has already ended.
-        :raises BadEnvelope: not a task, or queued in another task queue.
+        :raises BadEnvelopeType: not a task (a ``TypeError``).
+        :raises BadEnvelope: queued in another task queue.
         :raises CapacityExceeded: the queue is full.
         :raises RuntimeError: called from a thread other than the queue's loop's.
         """
+        check_task(f"task queue {self.name!r}: enqueue()", task)
         self._check_thread()
         self._check_open()
-        if not isinstance(task, Task):
-            raise BadEnvelope(f"task queue {self.name!r}: not a Task: {task!r}")
         if task._claim(self):
             self._admit(task)
         return task

@@ -437,9 +437,10 @@ class TestOnce:
                 b.enqueue(t)
 
     async def test_not_a_task(self) -> None:
-        """enqueue() of something that is not a Task raises BadEnvelope."""
+        """enqueue() of something that is not a Task raises BadEnvelopeType (a
+        TypeError, and a BadEnvelope as before), with a hint for a function."""
         async with envq.TaskQueue() as q:
-            with pytest.raises(envq.BadEnvelope, match="not a Task"):
+            with pytest.raises(envq.BadEnvelopeType, match=r"must be a Task.*submit\(fn"):
                 q.enqueue(noop)  # type: ignore[arg-type]
 
 
