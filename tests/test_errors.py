@@ -120,9 +120,7 @@ class TestQueueArguments:
     @given(
         name=st.one_of(
             st.text(alphabet=NAME_CHARS, min_size=1, max_size=20),
-            st.text(min_size=1, max_size=20).filter(
-                lambda s: s.isprintable() and s.strip() == s
-            ),
+            st.text(min_size=1, max_size=20).filter(lambda s: s.isprintable() and s.strip() == s),
         )
     )
     def test_good_name(self, name: str) -> None:
