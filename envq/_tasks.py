@@ -147,6 +147,10 @@ class Task:
         self._done = False
         self._error: BaseException | None = None
         self._value: tuple[int, Any] = (0, None)
+        #: How many ``after`` callbacks have been started, and how often the task's
+        #: finisher was cancelled (see ``TaskQueue._finish_done``).
+        self._afters_started = 0
+        self._finish_cancels = 0
         self._env: Envelope | None = None
         #: Resolved once the task has ended and its ``after`` callbacks have run: with
         #: ``fn``'s return value, or with the final error as its exception.
@@ -367,6 +371,14 @@ def check_task(where: str, task: object) -> Task:
     return task
 
 
+def _resolve(fut: concurrent.futures.Future[Any], error: BaseException | None, value: Any) -> None:
+    if not fut.done():
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
+
+
 class TaskQueue:
     """A dowork-style task queue over an :class:`envq.Queue` (contract §8).
 
@@ -433,6 +445,8 @@ class TaskQueue:
         self._running = False
         self._closing: asyncio.Task[None] | None = None
         self._closed = False
+        #: Its loop ended with tasks queued (see ``_abandon``).
+        self._abandoned = False
         self._finished: asyncio.Future[None] | None = None
         self.queue._listen(self._on_event, handles_failures=False)
 
@@ -447,8 +461,9 @@ class TaskQueue:
 
     @property
     def shutting_down(self) -> bool:
-        """Whether ``shutdown()`` was called: new tasks are refused."""
-        return self._closing is not None
+        """Whether ``shutdown()`` was called (or the queue's event loop ended): new
+        tasks are refused."""
+        return self._closing is not None or self._abandoned
 
     @property
     def closed(self) -> bool:
@@ -548,6 +563,8 @@ class TaskQueue:
                 f"task queue {self.name!r}: shutdown() from inside one of its own tasks "
                 "would wait for itself"
             )
+        if self._abandoned:
+            return
         if self._closing is None:
             _ = self._finished_future()
             self._closing = asyncio.get_running_loop().create_task(
@@ -572,7 +589,7 @@ class TaskQueue:
     # ----------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closing is not None:
+        if self._closing is not None or self._abandoned:
             raise QueueShuttingDown(f"task queue {self.name!r} is shutting down")
 
     def _check_thread(self) -> None:
@@ -671,25 +688,40 @@ class TaskQueue:
         loop = self._queue_loop()
         fin = loop.create_task(self._finish(task), name=f"envq:{self.name}:after")
         self._finishing.add(fin)
-        fin.add_done_callback(self._finish_done)
+        fin.add_done_callback(lambda fin: self._finish_done(fin, task))
 
-    def _finish_done(self, fin: asyncio.Task[None]) -> None:
+    def _finish_done(self, fin: asyncio.Task[None], task: Task) -> None:
         self._finishing.discard(fin)
+        if fin.cancelled() and not task._future.done():
+            # Cancelled from outside, typically by asyncio.run() cancelling every task
+            # as the loop ends (the finisher may not even have started). Once, it
+            # starts again (a shutdown waits for it); a second cancel only resolves
+            # the future, so that no waiter waits for ever.
+            task._finish_cancels += 1
+            loop = self._queue_loop()
+            if task._finish_cancels == 1 and not loop.is_closed():
+                self._spawn_finish(task)
+            else:
+                skipped = task._after[task._afters_started :]
+                if skipped:
+                    log.warning(
+                        "task %r: its after callbacks %r were cancelled and will not run",
+                        task.name,
+                        skipped,
+                    )
+                _resolve(task._future, *task._outcome())
         self._poke()
 
     async def _finish(self, task: Task) -> None:
         _INSIDE.set(self)  # this finisher's own context
         error, value = task._outcome()
-        fut = task._future
-        if error is not None and self.log_unhandled and not task._after and not fut.observed:
-            log.warning(
-                "task %r failed and nothing observes it (no after callback, nobody "
-                "waiting on its future): %r",
-                task.name,
-                error,
-                exc_info=error,
-            )
-        for callback in task._after:
+        if not task._afters_started:
+            self._log_unobserved(task, error)
+        # Resumes after the last callback started, should a cancelled finisher be
+        # started again (see _finish_done).
+        while task._afters_started < len(task._after):
+            callback = task._after[task._afters_started]
+            task._afters_started += 1
             try:
                 if is_async_callable(callback):
                     await callback(error)
@@ -699,11 +731,51 @@ class TaskQueue:
                 raise
             except BaseException:
                 log.exception("task %r: after callback %r failed", task.name, callback)
-        if not fut.done():
-            if error is None:
-                fut.set_result(value)
-            else:
-                fut.set_exception(error)
+        _resolve(task._future, error, value)
+
+    def _log_unobserved(self, task: Task, error: BaseException | None) -> None:
+        if (
+            error is not None
+            and self.log_unhandled
+            and not task._after
+            and not task._future.observed
+        ):
+            log.warning(
+                "task %r failed and nothing observes it (no after callback, nobody "
+                "waiting on its future): %r",
+                task.name,
+                error,
+                exc_info=error,
+            )
+
+    def _abandon(self) -> list[Task]:
+        """The queue's loop has ended (closed, or never to run again) with tasks still
+        queued: refuse new tasks, end those with an :class:`envq.EnvqError`, call their
+        ``after`` callbacks here (an ``async def`` one on a loop of its own) and resolve
+        their futures. Called from plain code, never on the dead loop; the ended tasks."""
+        self._closed = self._abandoned = True
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        self._held.clear()
+        # Nothing can terminate the engine without its loop, and its envelopes are
+        # these tasks, reported here: it need not warn about them when collected.
+        self.queue._live.clear()
+        for task in tasks:
+            error = EnvqError(
+                f"task {task.name!r}: the event loop of task queue {self.name!r} ended "
+                "before the task did"
+            )
+            task._end(error)
+            for callback in task._after:
+                try:
+                    if is_async_callable(callback):
+                        asyncio.run(callback(error))
+                    else:
+                        callback(error)
+                except Exception:
+                    log.exception("task %r: after callback %r failed", task.name, callback)
+            _resolve(task._future, error, None)
+        return tasks
 
     def _queue_loop(self) -> asyncio.AbstractEventLoop:
         loop = self.queue.loop

@@ -4,11 +4,15 @@ task queue whose engine was terminated, and tasks left queued when a loop ends."
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from typing import Any
 
 import pytest
 
 import envq
+import envq._background
+from envq.testing import run
 
 
 class Flaky:
@@ -119,3 +123,108 @@ def _in(seconds: float) -> Any:
     loop = asyncio.get_running_loop()
     wall = loop.wall_time()  # type: ignore[attr-defined]
     return dt.datetime.fromtimestamp(wall + seconds, tz=dt.UTC)
+
+
+class TestLoopEndsWithTasksQueued:
+    """``envq.submit()`` from a coroutine queues on a task queue of the running loop;
+    when that loop ends before ``await envq.shutdown()``, nothing queued is lost."""
+
+    def test_tasks_run_to_their_end_before_the_loop_closes(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """asyncio.run() (here envq.testing.run, an asyncio.Runner) returning without
+        a shutdown runs the queued tasks (retries, after callbacks) before it closes
+        the loop, like a BackgroundQueue at interpreter exit; it says so at INFO."""
+        reported: list[BaseException | None] = []
+
+        async def slow() -> str:
+            await asyncio.sleep(30)
+            return "slow"
+
+        async def main() -> list[envq.Task]:
+            return [
+                envq.submit(slow),
+                envq.submit(lambda: "plain"),
+                envq.enqueue(
+                    envq.Task(Flaky(fails=2, value="flaky"))
+                    .retries(3)
+                    .no_jitter()
+                    .after(reported.append)
+                ),
+            ]
+
+        with caplog.at_level(logging.INFO, logger="envq"):
+            tasks = run(main())
+        assert [t.done for t in tasks] == [True, True, True]
+        assert [t.future.result(timeout=0) for t in tasks] == ["slow", "plain", "flaky"]
+        assert reported == [None]
+        assert any("still queued" in r.getMessage() for r in caplog.records)
+        envq.shutdown()  # nothing left; returns at once
+
+    def test_a_waiter_in_another_thread_is_woken(self) -> None:
+        """A thread blocked on a task's future gets the result when the loop ends."""
+        got: list[Any] = []
+
+        async def main() -> envq.Task:
+            task = envq.submit(Flaky(fails=0, value=9))
+            waiter = threading.Thread(target=lambda: got.append(task.future.result()))
+            waiter.start()
+            waiters.append(waiter)
+            return task
+
+        waiters: list[threading.Thread] = []
+        run(main())
+        waiters[0].join(30)  # real seconds, a generous margin: it is woken at once
+        assert got == [9]
+
+    def test_submit_after_the_loop_ended_uses_a_fresh_queue(self) -> None:
+        """Each loop gets its own global task queue; one that ended leaves nothing behind."""
+
+        async def main() -> Any:
+            return await envq.submit(Flaky(fails=0, value="again"))
+
+        assert run(main()) == "again"
+        assert run(main()) == "again"
+        assert not envq._background._per_loop
+        assert not envq._background._LOOP_END
+
+    def test_an_explicit_shutdown_still_works(self) -> None:
+        """``await envq.shutdown()`` before the loop ends: the hook finds nothing to do."""
+
+        async def main() -> envq.Task:
+            task = envq.submit(Flaky(fails=0, value=1))
+            await envq.shutdown()
+            return task
+
+        assert run(main()).future.result(timeout=0) == 1
+        assert not envq._background._LOOP_END
+
+    def test_a_loop_closed_without_finishing_fails_its_tasks_loudly(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A loop closed by hand without ``shutdown_asyncgens()`` cannot run the tasks:
+        the next plain ``envq.shutdown()`` ends them with an EnvqError, calls their
+        after callbacks, wakes their waiters and logs them at ERROR."""
+        reported: list[BaseException | None] = []
+
+        async def slow() -> None:
+            await asyncio.sleep(3600)
+
+        async def main() -> envq.Task:
+            return envq.enqueue(envq.Task(slow).after(reported.append))
+
+        loop = asyncio.new_event_loop()
+        try:
+            task = loop.run_until_complete(main())
+        finally:
+            loop.close()
+        assert not task.done
+        with caplog.at_level(logging.ERROR, logger="envq"):
+            envq.shutdown()
+        assert task.done
+        with pytest.raises(envq.EnvqError, match="event loop"):
+            task.future.result(timeout=0)
+        assert len(reported) == 1
+        assert isinstance(reported[0], envq.EnvqError)
+        assert any("never ran to their end" in r.getMessage() for r in caplog.records)
+        assert not envq._background._per_loop

@@ -740,7 +740,7 @@ class TestQueueOptions:
     def test_bad_options(self) -> None:
         """Bad queue options raise ValueError."""
         with pytest.raises(ValueError, match="name"):
-            envq.TaskQueue("bad name")
+            envq.TaskQueue("bad\nname")
         with pytest.raises(ValueError, match="threads"):
             envq.TaskQueue(threads=0)
 
