@@ -26,16 +26,19 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar, overload
 
 from envq import _checks
 from envq._errors import QueueShuttingDown
 from envq._limits import RateLimiter
-from envq._tasks import _INSIDE, Task, TaskFn, TaskQueue, check_task
+from envq._tasks import _INSIDE, Task, TaskQueue, check_task
 
 __all__ = ["BackgroundQueue", "enqueue", "shutdown", "submit"]
 
 log = logging.getLogger("envq")
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 #: The global queue's name.
 GLOBAL_NAME: Final = "envq_global"
@@ -143,11 +146,19 @@ class BackgroundQueue:
         """The thread hosting the loop (None until the first task)."""
         return self._thread
 
-    def submit(self, fn: TaskFn) -> Task:
-        """Queue ``Task(fn)`` and return it (thread-safe)."""
-        return self.enqueue(Task(fn))
+    @overload
+    def submit(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Task[T]: ...
 
-    def enqueue(self, task: Task) -> Task:
+    @overload
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Task[T]: ...
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task[Any]:
+        """Queue ``Task(fn, *args, **kwargs)`` and return it (thread-safe)."""
+        return self.enqueue(Task(fn, *args, **kwargs))
+
+    def enqueue(self, task: Task[T]) -> Task[T]:
         """Queue ``task`` and return it (thread-safe; starts the thread on first use).
 
         :raises QueueShuttingDown: after ``shutdown()``.
@@ -470,17 +481,30 @@ def _sweep_dead_loops(*, closed_only: bool) -> None:
             )
 
 
-def submit(fn: TaskFn) -> Task:
-    """Queue ``Task(fn)`` (one attempt, no retry) on the global queue and return it.
+@overload
+def submit(fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> Task[T]: ...
+
+
+@overload
+def submit(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Task[T]: ...
+
+
+def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task[Any]:
+    """Queue ``Task(fn, *args, **kwargs)`` (one attempt, no retry) on the global queue
+    and return it: ``envq.submit(fetch, url, timeout=5)``.
 
     Usable from plain code (the global queue is then a :class:`BackgroundQueue`
     started on first use) and from coroutines (a task queue on the running loop).
     Wait for the result with ``task.future.result()`` or ``await task``.
+
+    The global queue runs **one task at a time** (it has one worker); for more at
+    once, make your own ``envq.TaskQueue(workers=n)`` or
+    ``envq.BackgroundQueue(workers=n)``.
     """
-    return enqueue(Task(fn))
+    return enqueue(Task(fn, *args, **kwargs))
 
 
-def enqueue(task: Task) -> Task:
+def enqueue(task: Task[T]) -> Task[T]:
     """Queue ``task`` on the global queue (see :func:`submit`) and return it.
 
     :raises QueueShuttingDown: while the global queue is shutting down (once it has

@@ -92,6 +92,11 @@ async def task_fn() -> None:
     """A good task function."""
 
 
+def divmod_fn(a: int, b: int) -> tuple[int, int]:
+    """A good task function with arguments."""
+    return divmod(a, b)
+
+
 async def coro_fn() -> int:
     """A coroutine function for envq.testing.run."""
     return 1
@@ -454,8 +459,11 @@ for v in [3, None, "fn"]:
     row(f"Task-fn-{v!r}", lambda v=v: envq.Task(v), T, "fn", repr(v))
 row("Task-fn-generator", lambda: envq.Task(gen_task), T, "fn", "generator", gen_task)
 row("Task-fn-async-generator", lambda: envq.Task(agen_task), T, "fn", agen_task)
-row("Task-rng-int", lambda: envq.Task(task_fn, rng=42), T, "rng", 42)
-row("Task-rng-class", lambda: envq.Task(task_fn, rng=random.Random), T, "rng", "instance")
+row("Task.rng-int", lambda: envq.Task(task_fn).rng(42), T, "rng", 42)
+row("Task.rng-class", lambda: envq.Task(task_fn).rng(random.Random), T, "rng", "instance")
+row("Task-args-extra", lambda: envq.Task(task_fn, 1), T, "task_fn", "arguments")
+row("Task-kwargs-unknown", lambda: envq.Task(task_fn, rng=3), T, "task_fn", "rng")
+row("submit-args-missing", lambda: envq.submit(divmod_fn, 1), T, "divmod_fn", "'b'")
 for v in [0, -2]:
     row(f"Task.retries-{v}", task("retries", v), V, "retries", repr(v))
 for v in [2.0, True, "3", None]:

@@ -243,7 +243,7 @@ class TestOutcome:
         async def waits(seed: int) -> list[float]:
             fn = Flaky(fails=99)
             async with envq.TaskQueue() as q:
-                q.enqueue(envq.Task(fn, rng=random.Random(seed)).retries(7).backoff(4))
+                q.enqueue(envq.Task(fn).rng(random.Random(seed)).retries(7).backoff(4))
             return gaps(fn.times)
 
         first, second = await waits(3), await waits(3)
