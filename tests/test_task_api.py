@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +17,8 @@ import pytest
 import envq
 import envq._background
 from envq.testing import run
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Flaky:
@@ -228,3 +234,63 @@ class TestLoopEndsWithTasksQueued:
         assert isinstance(reported[0], envq.EnvqError)
         assert any("never ran to their end" in r.getMessage() for r in caplog.records)
         assert not envq._background._per_loop
+
+
+class TestLoopEndsInAFreshInterpreter:
+    """Real ``asyncio.run()`` and a real interpreter exit, in a child process (a smoke
+    test on the real clock: the work takes milliseconds, the limit is a minute)."""
+
+    @staticmethod
+    def run_python(code: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            check=False,
+        )
+
+    def test_asyncio_run_returns_after_running_the_queued_tasks(self) -> None:
+        """``asyncio.run(main())`` where ``main`` only submits: the tasks have run."""
+        done = self.run_python(
+            """
+            import asyncio
+            import envq
+
+            async def double(n):
+                await asyncio.sleep(0.01)
+                return 2 * n
+
+            async def main():
+                return [envq.submit(double, n) for n in range(3)]
+
+            tasks = asyncio.run(main())
+            print([t.future.result(timeout=0) for t in tasks])
+            """
+        )
+        assert (done.returncode, done.stdout) == (0, "[0, 2, 4]\n"), done.stderr
+
+    def test_a_loop_closed_by_hand_is_reported_at_exit(self) -> None:
+        """A loop closed without ``shutdown_asyncgens()``: at interpreter exit its
+        tasks end with an EnvqError (after callbacks run) and an ERROR is logged."""
+        done = self.run_python(
+            """
+            import asyncio
+            import envq
+
+            async def slow():
+                await asyncio.sleep(3600)
+
+            async def main():
+                task = envq.Task(slow).after(lambda e: print("after:", type(e).__name__))
+                envq.enqueue(task)
+
+            loop = asyncio.new_event_loop()
+            loop.run_until_complete(main())
+            loop.close()
+            print("exiting")
+            """
+        )
+        assert (done.returncode, done.stdout) == (0, "exiting\nafter: EnvqError\n"), done.stderr
+        assert "never ran to their end" in done.stderr
