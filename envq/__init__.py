@@ -20,7 +20,8 @@ Type aliases (for annotating your own callables):
 - ``FailureHook`` — ``on_failure``: ``(env, exc, attempt) -> Decision | None``.
 - ``Invoker`` — what a stamp wraps: ``async (env) -> None``.
 - ``Stamp`` — middleware: ``(Invoker) -> Invoker``.
-- ``TaskFn`` — a task's work: ``() -> Any``, ``async def`` or plain.
+- ``TaskFn`` — a task's work, called with the task's arguments: ``(*args,
+  **kwargs) -> Any``, ``async def`` or plain.
 - ``AfterCallback`` — a task's ``after(error)`` callback.
 
 The dowork-style task API: ``envq.submit(fn)``, ``envq.enqueue(task)``,

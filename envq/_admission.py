@@ -18,7 +18,13 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn, Protocol, cast
 
 from envq._envelope import Envelope, _Rec
-from envq._errors import BadEnvelope, CapacityExceeded, EnvqError, TypeBlacklisted
+from envq._errors import (
+    BadEnvelope,
+    BadEnvelopeType,
+    CapacityExceeded,
+    EnvqError,
+    TypeBlacklisted,
+)
 from envq._machine import (
     INITIAL,
     KIND_OF,
@@ -180,7 +186,7 @@ class Admission:
         validation, then the blacklist, then dedup / another queue."""
         for item in items:
             if not isinstance(item, Envelope):
-                self.reject(Rejection.INVALID, BadEnvelope, f"not an Envelope: {item!r}")
+                self.reject(Rejection.INVALID, BadEnvelopeType, f"not an Envelope: {item!r}")
         batch = cast("Sequence[Envelope]", items)
         for env in batch:
             if env.type in self.blacklist:

@@ -18,23 +18,27 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import concurrent.futures.thread  # imported before our exit hook is registered (see there)
+import contextlib
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar, overload
 
 from envq import _checks
-from envq._errors import BadEnvelope, QueueShuttingDown
+from envq._errors import QueueShuttingDown
 from envq._limits import RateLimiter
-from envq._tasks import _INSIDE, Task, TaskFn, TaskQueue
+from envq._tasks import _INSIDE, Task, TaskQueue, check_task
 
 __all__ = ["BackgroundQueue", "enqueue", "shutdown", "submit"]
 
 log = logging.getLogger("envq")
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 #: The global queue's name.
 GLOBAL_NAME: Final = "envq_global"
@@ -51,7 +55,8 @@ class BackgroundQueue:
     ``concurrent.futures`` stops its threads (exit waits for the queued tasks, as it
     does for a ``ThreadPoolExecutor``'s).
 
-    :param name: the underlying queue's name (``[a-zA-Z0-9:_]+``).
+    :param name: the underlying queue's name: any non-empty printable str without
+        surrounding whitespace (``"my-tasks"``); it labels the queue's metrics.
     :param workers: how many tasks run at once.
     :param rate: a dispatch limiter, e.g. ``envq.TokenBucket(rate=5, burst=10)``.
     :param limiter: a failure-retry limiter, e.g. ``envq.default_limiter()``.
@@ -141,19 +146,27 @@ class BackgroundQueue:
         """The thread hosting the loop (None until the first task)."""
         return self._thread
 
-    def submit(self, fn: TaskFn) -> Task:
-        """Queue ``Task(fn)`` and return it (thread-safe)."""
-        return self.enqueue(Task(fn))
+    @overload
+    def submit(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Task[T]: ...
 
-    def enqueue(self, task: Task) -> Task:
+    @overload
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Task[T]: ...
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task[Any]:
+        """Queue ``Task(fn, *args, **kwargs)`` and return it (thread-safe)."""
+        return self.enqueue(Task(fn, *args, **kwargs))
+
+    def enqueue(self, task: Task[T]) -> Task[T]:
         """Queue ``task`` and return it (thread-safe; starts the thread on first use).
 
         :raises QueueShuttingDown: after ``shutdown()``.
         :raises AlreadyComplete: the task has already ended.
-        :raises BadEnvelope: not a task, or queued in another task queue.
+        :raises BadEnvelopeType: not a task (a ``TypeError``).
+        :raises BadEnvelope: queued in another task queue.
         """
-        if not isinstance(task, Task):
-            raise BadEnvelope(f"task queue {self.name!r}: not a Task: {task!r}")
+        check_task(f"task queue {self.name!r}: enqueue()", task)
         if self._forked_from is not None:
             raise RuntimeError(
                 f"task queue {self.name!r} was started in process {self._forked_from}; its "
@@ -288,9 +301,11 @@ _EXIT_LOCK = threading.Lock()
 _exit_registered = False
 
 
-def _register_exit(queue: BackgroundQueue) -> None:
+def _register_exit(queue: BackgroundQueue | None) -> None:
+    """Make sure the exit hook is registered (and ``queue`` known to it)."""
     global _exit_registered  # noqa: PLW0603 - one process-wide registration
-    _LIVE.add(queue)
+    if queue is not None:
+        _LIVE.add(queue)
     with _EXIT_LOCK:
         if _exit_registered:
             return
@@ -311,6 +326,7 @@ def _register_exit(queue: BackgroundQueue) -> None:
 
 
 def _at_exit() -> None:
+    _sweep_dead_loops(closed_only=False)
     queues = [q for q in list(_LIVE) if not q.closed]
     for q in queues:
         q._begin_shutdown()
@@ -329,6 +345,10 @@ def _after_fork_in_child(parent: int) -> None:
         queue._after_fork(parent)
     _background = None  # the next submit() in the child starts its own
     _per_loop.clear()
+    watchers = list(_LOOP_END.values())
+    _LOOP_END.clear()
+    for agen in watchers:  # the parent's loops: nothing to run here
+        _close_watcher(agen)
 
 
 # --------------------------------------------------------------------------------------
@@ -370,26 +390,129 @@ def _global_queue() -> TaskQueue | BackgroundQueue:
         if tq is None or tq.closed:
             tq = _per_loop[loop] = TaskQueue(GLOBAL_NAME)
             tq.start()
+            _LOOP_END[tq] = _watch_loop_end(tq)
+            _register_exit(None)
         return tq
 
 
-def submit(fn: TaskFn) -> Task:
-    """Queue ``Task(fn)`` (one attempt, no retry) on the global queue and return it.
+# --------------------------------------------------------------------------------------
+# The end of a loop with a global task queue
+# --------------------------------------------------------------------------------------
+
+#: The watcher of each per-loop global queue (kept here: the loop holds it weakly).
+_LOOP_END: dict[TaskQueue, AsyncGenerator[None, None]] = {}
+
+
+async def _until_loop_ends(tq: TaskQueue) -> AsyncGenerator[None, None]:
+    """Suspended while the loop lives. The loop's ``shutdown_asyncgens()``, which
+    ``asyncio.run()`` and ``asyncio.Runner`` call before closing it, closes this
+    generator, and closing it runs the queue's tasks to their end, as interpreter exit
+    does for a :class:`BackgroundQueue`'s."""
+    try:
+        yield
+    finally:
+        if _LOOP_END.pop(tq, None) is not None:  # not swept: the loop is still running
+            await _finish_at_loop_end(tq)
+
+
+def _watch_loop_end(tq: TaskQueue) -> AsyncGenerator[None, None]:
+    """Start a :func:`_until_loop_ends` on the running loop (the loop's asyncgen hook
+    registers it for ``shutdown_asyncgens()``); run to its ``yield`` right here."""
+    agen = _until_loop_ends(tq)
+    with contextlib.suppress(StopIteration):
+        agen.__anext__().send(None)
+    return agen
+
+
+async def _finish_at_loop_end(tq: TaskQueue) -> None:
+    if not tq.shutting_down and tq.pending:
+        log.info(
+            "envq: the event loop is closing with %d task(s) of envq.submit() still "
+            "queued; running them to their end first (await envq.shutdown() to wait "
+            "for them yourself)",
+            tq.pending,
+        )
+    try:
+        await tq.shutdown()
+    finally:
+        loop = asyncio.get_running_loop()
+        with _GLOBAL_LOCK:
+            if _per_loop.get(loop) is tq:
+                del _per_loop[loop]
+
+
+def _close_watcher(agen: AsyncGenerator[None, None]) -> None:
+    """Close a watcher without awaiting (its ``finally`` finds it swept)."""
+    step = agen.aclose()
+    try:
+        step.send(None)
+    except StopIteration:
+        pass
+    except RuntimeError:  # pragma: no cover - already running or closed
+        step.close()
+
+
+def _sweep_dead_loops(*, closed_only: bool) -> None:
+    """End, with an error, the tasks of global task queues whose loop is closed (or,
+    unless ``closed_only``, no longer running): nothing can run them any more, and
+    their waiters must not wait for ever. Logged at ERROR."""
+    with _GLOBAL_LOCK:
+        dead = [
+            (loop, tq)
+            for loop, tq in list(_per_loop.items())
+            if loop.is_closed() or (not closed_only and not loop.is_running())
+        ]
+        for loop, _ in dead:
+            del _per_loop[loop]
+    for loop, tq in dead:
+        agen = _LOOP_END.pop(tq, None)
+        if agen is not None:
+            _close_watcher(agen)
+        tasks = tq._abandon()
+        if tasks:
+            log.error(
+                "envq: %d task(s) of envq.submit() never ran to their end: their event "
+                "loop %r stopped without shutting down its asynchronous generators "
+                "(use asyncio.run() or asyncio.Runner, or await envq.shutdown() before "
+                "the loop ends): %s",
+                len(tasks),
+                loop,
+                ", ".join(repr(t.name) for t in tasks),
+            )
+
+
+@overload
+def submit(fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> Task[T]: ...
+
+
+@overload
+def submit(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Task[T]: ...
+
+
+def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task[Any]:
+    """Queue ``Task(fn, *args, **kwargs)`` (one attempt, no retry) on the global queue
+    and return it: ``envq.submit(fetch, url, timeout=5)``.
 
     Usable from plain code (the global queue is then a :class:`BackgroundQueue`
     started on first use) and from coroutines (a task queue on the running loop).
     Wait for the result with ``task.future.result()`` or ``await task``.
+
+    The global queue runs **one task at a time** (it has one worker); for more at
+    once, make your own ``envq.TaskQueue(workers=n)`` or
+    ``envq.BackgroundQueue(workers=n)``.
     """
-    return enqueue(Task(fn))
+    return enqueue(Task(fn, *args, **kwargs))
 
 
-def enqueue(task: Task) -> Task:
+def enqueue(task: Task[T]) -> Task[T]:
     """Queue ``task`` on the global queue (see :func:`submit`) and return it.
 
     :raises QueueShuttingDown: while the global queue is shutting down (once it has
         shut down, the next call starts a fresh one).
     :raises AlreadyComplete: the task has already ended.
+    :raises BadEnvelopeType: not a task (a ``TypeError``).
     """
+    check_task("enqueue()", task)
     return _global_queue().enqueue(task)
 
 
@@ -426,6 +549,8 @@ def shutdown(*queues: TaskQueue | BackgroundQueue, timeout: float | None = None)
     except RuntimeError:
         loop = None
     chosen = list(queues) if queues else _globals(loop)
+    if loop is None and not queues:
+        _sweep_dead_loops(closed_only=True)
     if loop is None:
         _shutdown_blocking(chosen, timeout)
         return _Finished()

@@ -26,7 +26,6 @@ import inspect
 import math
 import numbers
 import operator
-import re
 from collections.abc import Iterable
 from types import FunctionType
 from typing import Any, Final, TypeVar, cast
@@ -54,9 +53,6 @@ __all__ = [
 
 T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
-
-#: A queue's name: it labels metric series.
-NAME: Final = re.compile(r"[A-Za-z0-9:_]+\Z")
 
 _GENERATOR_FLAGS: Final = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
@@ -246,13 +242,19 @@ def hashable(what: str, value: T, *, type_error: type[TypeError] = TypeError) ->
     return value
 
 
+#: What a queue name must be, as messages say it.
+NAME_RULE: Final = "a non-empty str of printable characters, without surrounding whitespace"
+
+
 def name(what: str, value: object) -> str:
-    """A queue name: a str of ``[a-zA-Z0-9:_]+`` (it labels metric series)."""
-    want = "a str matching [a-zA-Z0-9:_]+"
+    """A queue name: a non-empty str of printable characters (no control characters
+    or line breaks) that neither starts nor ends with whitespace. It shows in
+    messages, logs, thread names and as the value of the metrics' ``name`` label,
+    which takes any string; ``"my-queue"``, ``"emails.eu"`` and ``"é"`` are fine."""
     if not isinstance(value, str):
-        raise _fail(TypeError, what, want, value)
-    if not NAME.match(value):
-        raise _fail(ValueError, what, want, value)
+        raise _fail(TypeError, what, NAME_RULE, value)
+    if not value or not value.isprintable() or value.strip() != value:
+        raise _fail(ValueError, what, NAME_RULE, value)
     return value
 
 

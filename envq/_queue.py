@@ -88,7 +88,8 @@ _PERIODIC: Final = Kind.PERIODIC
 class Queue:
     """A named, bounded, asyncio-native worker pool that runs envelopes.
 
-    :param name: ``[a-zA-Z0-9:_]+``; used in messages, logs and metric labels.
+    :param name: a non-empty printable str without surrounding whitespace
+        (``"my-queue"``); used in messages, logs and metric labels.
     :param workers: number of concurrent attempts (> 0).
     :param capacity: most envelopes in non-terminal states at once; 0 = unlimited.
     :param stop_mode: the default :class:`StopMode` of ``stop()``.
@@ -286,7 +287,8 @@ class Queue:
         :raises QueueStopping: the queue is STOPPING.
         :raises QueueNotRunning: the queue is STOPPED.
         :raises QueueTerminated: the queue is TERMINATED.
-        :raises BadEnvelope: not an envelope, or live in another queue.
+        :raises BadEnvelopeType: not an envelope (a ``TypeError`` and a ``BadEnvelope``).
+        :raises BadEnvelope: live in another queue.
         :raises TypeBlacklisted: its ``type`` was blacklisted by a ``StopType``.
         :raises CapacityExceeded: the batch does not fit, or producers are waiting in
             ``send_wait`` (send does not overtake them).

@@ -22,18 +22,27 @@ import asyncio
 import concurrent.futures
 import contextvars
 import datetime as dt
+import functools
+import inspect
 import logging
 import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Generic, ParamSpec, Self, TypeVar, overload
 
 from envq import _checks
 from envq._envelope import Envelope, is_async_callable
-from envq._errors import AlreadyComplete, BadEnvelope, EnvqError, QueueShuttingDown
+from envq._errors import (
+    AlreadyComplete,
+    BadEnvelope,
+    BadEnvelopeType,
+    EnvqError,
+    QueueShuttingDown,
+    QueueTerminated,
+)
 from envq._limits import RateLimiter
 from envq._machine import TERMINAL_STATES, EnvState, QueueState
 from envq._queue import Queue
@@ -44,9 +53,10 @@ __all__ = ["AfterCallback", "Task", "TaskFn", "TaskQueue"]
 
 log = logging.getLogger("envq")
 
-#: A task's work: called with no arguments; ``async def``, or plain (runs in the task
-#: queue's thread pool; if it returns an awaitable, that is awaited on the loop).
-TaskFn = Callable[[], Any]
+#: A task's work: called with the arguments given to ``Task(fn, *args, **kwargs)``
+#: (or ``submit``); ``async def``, or plain (runs in the task queue's thread pool; if
+#: it returns an awaitable, that is awaited on the loop).
+TaskFn = Callable[..., Any]
 #: ``after(error)``: called once when the task ends, with ``None`` or the final error;
 #: ``async def`` or plain (runs in the thread pool).
 AfterCallback = Callable[[BaseException | None], Any]
@@ -61,6 +71,9 @@ _INSIDE: contextvars.ContextVar[TaskQueue | None] = contextvars.ContextVar(
 _UNCAPPED: Final = sys.float_info.max
 _BUSY: Final = frozenset({EnvState.READY, EnvState.RUNNING})
 
+T = TypeVar("T")
+P = ParamSpec("P")
+
 
 def _loop_wall(loop: asyncio.AbstractEventLoop, loop_time: float) -> dt.datetime:
     """The wall-clock moment (aware, UTC) of ``loop_time`` on ``loop``'s clock."""
@@ -69,19 +82,27 @@ def _loop_wall(loop: asyncio.AbstractEventLoop, loop_time: float) -> dt.datetime
     return dt.datetime.fromtimestamp(now + (loop_time - loop.time()), tz=dt.UTC)
 
 
-class _TaskFuture(concurrent.futures.Future[Any]):
+class _TaskFuture(concurrent.futures.Future[T]):
     """A task's future; knows whether anyone waits on it or asked to be called back
     (``await task``, ``task.future.result()``, ``add_done_callback``…), so that a
-    failure nobody observes can be logged."""
+    failure nobody observes can be logged.
+
+    It cannot be cancelled: it reports the task's end, and the task belongs to its
+    queue. A waiter that gives up (``asyncio.wait_for(task, t)`` timing out, a
+    cancelled coroutine awaiting the task) ends its own wait, not the task."""
 
     observed = False
+
+    def cancel(self) -> bool:
+        """Refused: always False, and the future keeps following the task."""
+        return False
 
     def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
         """As ``concurrent.futures.Future.add_done_callback``; marks it observed."""
         self.observed = True
         super().add_done_callback(fn)
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> T:
         """As ``concurrent.futures.Future.result``; marks it observed."""
         self.observed = True
         return super().result(timeout)
@@ -92,19 +113,29 @@ class _TaskFuture(concurrent.futures.Future[Any]):
         return super().exception(timeout)
 
 
-class Task:
+class Task(Generic[T]):
     """One piece of work with a retry policy, dowork style.
+
+    ``Task(fn, *args, **kwargs)`` runs ``fn(*args, **kwargs)``; ``T`` is what it
+    returns (awaited, for an ``async def`` ``fn``): ``await task`` and
+    ``task.future.result()`` give a ``T``, and type checkers check the arguments
+    against ``fn``'s signature. The task's own settings are builder methods, never
+    keywords of the constructor, so every keyword goes to ``fn``.
 
     Build it fluently, then hand it to :func:`envq.enqueue`, :meth:`TaskQueue.enqueue`
     or :meth:`envq.BackgroundQueue.enqueue`; a task's settings are fixed once it is
     queued. A task runs until one attempt succeeds or its attempts are used up, and
     ends exactly once.
 
-    :param fn: the work, called with no arguments: ``async def``, or plain (it then
-        runs in the task queue's thread pool; an awaitable it returns is awaited on
-        the loop, so ``Task(lambda: send(x))`` works for an ``async def send``).
-        Raise :class:`envq.DoNotRetry` to fail at once.
-    :param rng: the random generator for backoff jitter (default: envq's shared one).
+    :param fn: the work (positional only): ``async def``, or plain (it then runs in
+        the task queue's thread pool; an awaitable it returns is awaited on the loop,
+        so ``Task(lambda: send(x))`` works for an ``async def send``). Raise
+        :class:`envq.DoNotRetry` to fail at once.
+    :param args: positional arguments for ``fn``, given to every attempt.
+    :param kwargs: keyword arguments for ``fn``, given to every attempt; any name,
+        ``rng`` or ``retries`` included, is ``fn``'s.
+    :raises TypeError: ``fn`` is not callable, or the arguments do not fit its
+        signature.
 
     Defaults, as dowork's: one attempt (no retries), backoff capped at 30 minutes,
     jitter on, no per-attempt deadline. The backoff after the k-th failure is
@@ -112,13 +143,28 @@ class Task:
     uniformly from ``[d/2, d]`` unless :meth:`no_jitter`.
     """
 
-    def __init__(self, fn: TaskFn, *, rng: random.Random | None = None) -> None:
+    @overload
+    def __init__(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> None: ...
+
+    @overload
+    def __init__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> None: ...
+
+    def __init__(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
         _checks.callable_("Task: fn", fn)
-        if rng is not None:
-            _checks.instance("Task: rng", rng, random.Random, want="a random.Random or None")
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        _check_arguments(name, fn, args, kwargs)
+        #: The function, as given.
         self.fn: Final = fn
-        self.name: Final[str] = getattr(fn, "__qualname__", None) or repr(fn)
-        self._rng = rng or default_rng
+        #: Its arguments, as given.
+        self.args: Final = args
+        self.kwargs: Final = kwargs
+        self.name: Final[str] = name
+        self._call: Callable[[], Any] = (
+            functools.partial(fn, *args, **kwargs) if args or kwargs else fn
+        )
+        self._rng = default_rng
         self._attempts_max = 1
         self._base = 1.0
         self._cap = 1800.0
@@ -133,11 +179,15 @@ class Task:
         self._done = False
         self._error: BaseException | None = None
         self._value: tuple[int, Any] = (0, None)
+        #: How many ``after`` callbacks have been started, and how often the task's
+        #: finisher was cancelled (see ``TaskQueue._finish_done``).
+        self._afters_started = 0
+        self._finish_cancels = 0
         self._env: Envelope | None = None
         #: Resolved once the task has ended and its ``after`` callbacks have run: with
         #: ``fn``'s return value, or with the final error as its exception.
-        self._future = _TaskFuture()
-        self.future: Final[concurrent.futures.Future[Any]] = self._future
+        self._future: _TaskFuture[T] = _TaskFuture()
+        self.future: Final[concurrent.futures.Future[T]] = self._future
 
     # ----------------------------------------------------------------------------------
     # Builder
@@ -147,14 +197,14 @@ class Task:
         if self._frozen:
             raise RuntimeError(f"task {self.name!r}: {what}() after it was queued")
 
-    def retries(self, n: int) -> Task:
+    def retries(self, n: int) -> Self:
         """At most ``n`` attempts in all, the first included (dowork's ``Retries``);
         ``-1`` = until it succeeds. The default is 1: no retry."""
         self._check_mutable("retries")
         self._attempts_max = _checks.integer("Task.retries: n", n, minimum=1, unlimited=True)
         return self
 
-    def max_timeout(self, seconds: float | dt.timedelta | None) -> Task:
+    def max_timeout(self, seconds: float | dt.timedelta | None) -> Self:
         """Cap the backoff between attempts (default 1800 s, dowork's 30 minutes);
         ``0`` or ``None`` = no cap."""
         self._check_mutable("max_timeout")
@@ -164,21 +214,21 @@ class Task:
         self._cap = cap if cap > 0 else _UNCAPPED
         return self
 
-    def backoff(self, base: float | dt.timedelta) -> Task:
+    def backoff(self, base: float | dt.timedelta) -> Self:
         """The backoff after the first failure (default 1 s; it doubles after each
         further failure). ``backoff(120)`` reproduces dowork's 2, 4, 8… minutes."""
         self._check_mutable("backoff")
         self._base = _checks.seconds("Task.backoff: base", base, timedelta=True)
         return self
 
-    def within(self, seconds: float | dt.timedelta) -> Task:
+    def within(self, seconds: float | dt.timedelta) -> Self:
         """A deadline for each attempt; an attempt that overruns it fails with
         ``TimeoutError`` (and may be retried). ``0`` = none (the default)."""
         self._check_mutable("within")
         self._within = _checks.seconds("Task.within: seconds", seconds, timedelta=True)
         return self
 
-    def after(self, callback: AfterCallback) -> Task:
+    def after(self, callback: AfterCallback) -> Self:
         """Call ``callback(error)`` once when the task ends: ``error`` is ``None`` on
         success, else the final error (:class:`envq.MaxRetriesExceeded` with the last
         error as ``__cause__`` when the attempts ran out). Several callbacks run in the
@@ -187,13 +237,20 @@ class Task:
         self._after.append(_checks.callable_("Task.after: callback", callback))
         return self
 
-    def not_before(self, when: dt.datetime) -> Task:
+    def not_before(self, when: dt.datetime) -> Self:
         """The earliest time of the first attempt (an aware datetime)."""
         self._check_mutable("not_before")
         self._not_before = _checks.aware_datetime("Task.not_before: when", when)
         return self
 
-    def no_jitter(self) -> Task:
+    def rng(self, rng: random.Random) -> Self:
+        """Draw the backoff jitter from ``rng`` (default: envq's shared generator), e.g.
+        a seeded ``random.Random(7)`` for repeatable delays."""
+        self._check_mutable("rng")
+        self._rng = _checks.instance("Task.rng: rng", rng, random.Random)
+        return self
+
+    def no_jitter(self) -> Self:
         """Use the exact backoff delays, without randomness."""
         self._check_mutable("no_jitter")
         self._jitter = False
@@ -255,7 +312,7 @@ class Task:
             rng=self._rng,
         )
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, T]:
         """``await task``: wait for it to end; its return value, or raise its error."""
         return asyncio.wrap_future(self.future).__await__()
 
@@ -290,8 +347,8 @@ class Task:
             self._env = None
 
     def _envelope(self, queue: TaskQueue) -> Envelope:
-        if is_async_callable(self.fn):
-            fn = self.fn
+        if is_async_callable(self._call):
+            fn = self._call
 
             async def invoke(env: Envelope) -> None:
                 n = self._begin()
@@ -309,7 +366,7 @@ class Task:
                 token = _INSIDE.set(queue)
                 try:
                     # In the engine's thread pool; an awaitable it returns is awaited.
-                    self._value = (n, await engine._threads.call(self.fn))
+                    self._value = (n, await engine._threads.call(self._call))
                 finally:
                     _INSIDE.reset(token)
 
@@ -341,13 +398,50 @@ class Task:
         return self._error, value if n == self._attempts else None
 
 
+def _check_arguments(
+    name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Refuse, at once, arguments that do not fit ``fn``'s signature (when it has one
+    Python can read): the mistake shows where the task is made, not at its first
+    attempt."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a readable signature
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"Task: the arguments do not fit {name}{signature}: {exc}") from None
+
+
+def check_task(where: str, task: object) -> Task[Any]:
+    """``task`` if it is a :class:`Task`; else :class:`envq.BadEnvelopeType` (a
+    ``TypeError`` and a ``BadEnvelope``), with a hint when it is a function."""
+    if not isinstance(task, Task):
+        hint = " (to run a function, use submit(fn, *args) or enqueue(Task(fn)))"
+        raise BadEnvelopeType(
+            f"{where}: task must be a Task, got {_checks.show(task)}"
+            + (hint if callable(task) else "")
+        )
+    return task
+
+
+def _resolve(fut: concurrent.futures.Future[Any], error: BaseException | None, value: Any) -> None:
+    if not fut.done():
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
+
+
 class TaskQueue:
     """A dowork-style task queue over an :class:`envq.Queue`.
 
     Use it from one event loop. ``start()`` (or ``run()``, ``dispatch()``, ``async
     with``) starts it; from then on due tasks run on their own while the loop runs.
 
-    :param name: the underlying queue's name (``[a-zA-Z0-9:_]+``).
+    :param name: the underlying queue's name: any non-empty printable str without
+        surrounding whitespace (``"my-tasks"``); it labels the queue's metrics.
     :param workers: how many tasks run at once.
     :param capacity: most tasks queued at once; 0 = unlimited (``enqueue`` raises
         :class:`envq.CapacityExceeded` beyond it).
@@ -396,7 +490,7 @@ class TaskQueue:
         self.name: Final = name
         self.log_unhandled: Final = log_unhandled
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: dict[Envelope, Task] = {}
+        self._tasks: dict[Envelope, Task[Any]] = {}
         self._held: list[Envelope] = []
         self._busy = 0
         self._delayed: set[Envelope] = set()
@@ -406,6 +500,8 @@ class TaskQueue:
         self._running = False
         self._closing: asyncio.Task[None] | None = None
         self._closed = False
+        #: Its loop ended with tasks queued (see ``_abandon``).
+        self._abandoned = False
         self._finished: asyncio.Future[None] | None = None
         self.queue._listen(self._on_event, handles_failures=False)
 
@@ -420,8 +516,9 @@ class TaskQueue:
 
     @property
     def shutting_down(self) -> bool:
-        """Whether ``shutdown()`` was called: new tasks are refused."""
-        return self._closing is not None
+        """Whether ``shutdown()`` was called (or the queue's event loop ended): new
+        tasks are refused."""
+        return self._closing is not None or self._abandoned
 
     @property
     def closed(self) -> bool:
@@ -432,23 +529,31 @@ class TaskQueue:
     # Public API
     # ----------------------------------------------------------------------------------
 
-    def submit(self, fn: TaskFn) -> Task:
-        """Queue ``Task(fn)`` (one attempt, no retry) and return it."""
-        return self.enqueue(Task(fn))
+    @overload
+    def submit(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Task[T]: ...
 
-    def enqueue(self, task: Task) -> Task:
+    @overload
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Task[T]: ...
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task[Any]:
+        """Queue ``Task(fn, *args, **kwargs)`` (one attempt, no retry) and return it."""
+        return self.enqueue(Task(fn, *args, **kwargs))
+
+    def enqueue(self, task: Task[T]) -> Task[T]:
         """Queue ``task`` and return it; a task already queued here is left as it is.
 
         :raises QueueShuttingDown: after ``shutdown()``.
         :raises AlreadyComplete: the task has already ended.
-        :raises BadEnvelope: not a task, or queued in another task queue.
+        :raises BadEnvelopeType: not a task (a ``TypeError``).
+        :raises BadEnvelope: queued in another task queue.
         :raises CapacityExceeded: the queue is full.
         :raises RuntimeError: called from a thread other than the queue's loop's.
         """
+        check_task(f"task queue {self.name!r}: enqueue()", task)
         self._check_thread()
         self._check_open()
-        if not isinstance(task, Task):
-            raise BadEnvelope(f"task queue {self.name!r}: not a Task: {task!r}")
         if task._claim(self):
             self._admit(task)
         return task
@@ -521,6 +626,8 @@ class TaskQueue:
                 f"task queue {self.name!r}: shutdown() from inside one of its own tasks "
                 "would wait for itself"
             )
+        if self._abandoned:
+            return
         if self._closing is None:
             _ = self._finished_future()
             self._closing = asyncio.get_running_loop().create_task(
@@ -545,7 +652,7 @@ class TaskQueue:
     # ----------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closing is not None:
+        if self._closing is not None or self._abandoned:
             raise QueueShuttingDown(f"task queue {self.name!r} is shutting down")
 
     def _check_thread(self) -> None:
@@ -562,7 +669,7 @@ class TaskQueue:
                 "use envq.BackgroundQueue to queue tasks from other threads"
             )
 
-    def _admit(self, task: Task) -> None:
+    def _admit(self, task: Task[Any]) -> None:
         """Send the claimed ``task``'s envelope (held while the queue is stopped)."""
         env = task._envelope(self)
         self._tasks[env] = task
@@ -576,7 +683,7 @@ class TaskQueue:
             task._release()
             raise
 
-    def _admit_claimed(self, task: Task) -> None:
+    def _admit_claimed(self, task: Task[Any]) -> None:
         """On the loop: admit a task claimed in another thread; an error ends it."""
         try:
             self._admit(task)
@@ -598,6 +705,8 @@ class TaskQueue:
     def _on_event(self, event: Event) -> None:
         env = event.envelope
         if env is None:
+            if event.to_state is QueueState.TERMINATED:
+                self._end_held()
             return
         task = self._tasks.get(env)
         if task is None:
@@ -613,39 +722,69 @@ class TaskQueue:
             self._delayed.discard(env)
         if to in TERMINAL_STATES:
             del self._tasks[env]
+            error: BaseException | None = None
             if to is EnvState.RETURNED:
-                task._release()
-            else:
-                error = None
-                if to is not EnvState.SUCCEEDED:
-                    error = event.cause or EnvqError(f"task {task.name!r} ended {to.name}")
-                task._end(error)
-                self._spawn_finish(task)
+                # Handed back by a terminate() of the engine (the user's own, or a
+                # shutdown's): the engine never runs again, so the task ends here.
+                error = self._terminated_error(task)
+            elif to is not EnvState.SUCCEEDED:
+                error = event.cause or EnvqError(f"task {task.name!r} ended {to.name}")
+            task._end(error)
+            self._spawn_finish(task)
         self._poke()
 
-    def _spawn_finish(self, task: Task) -> None:
+    def _terminated_error(self, task: Task[Any]) -> QueueTerminated:
+        return QueueTerminated(
+            f"task {task.name!r}: its task queue {self.name!r} was terminated before it ended"
+        )
+
+    def _end_held(self) -> None:
+        """The engine was terminated: end the tasks held while it was stopped."""
+        held, self._held = self._held, []
+        for env in held:
+            task = self._tasks.pop(env, None)
+            if task is not None:
+                task._end(self._terminated_error(task))
+                self._spawn_finish(task)
+
+    def _spawn_finish(self, task: Task[Any]) -> None:
         loop = self._queue_loop()
         fin = loop.create_task(self._finish(task), name=f"envq:{self.name}:after")
         self._finishing.add(fin)
-        fin.add_done_callback(self._finish_done)
+        fin.add_done_callback(lambda fin: self._finish_done(fin, task))
 
-    def _finish_done(self, fin: asyncio.Task[None]) -> None:
+    def _finish_done(self, fin: asyncio.Task[None], task: Task[Any]) -> None:
         self._finishing.discard(fin)
+        if fin.cancelled() and not task._future.done():
+            # Cancelled from outside, typically by asyncio.run() cancelling every task
+            # as the loop ends (the finisher may not even have started). Once, it
+            # starts again (a shutdown waits for it); a second cancel only resolves
+            # the future, so that no waiter waits for ever.
+            task._finish_cancels += 1
+            loop = self._queue_loop()
+            if task._finish_cancels == 1 and not loop.is_closed():
+                self._spawn_finish(task)
+            else:
+                skipped = task._after[task._afters_started :]
+                if skipped:
+                    log.warning(
+                        "task %r: its after callbacks %r were cancelled and will not run",
+                        task.name,
+                        skipped,
+                    )
+                _resolve(task._future, *task._outcome())
         self._poke()
 
-    async def _finish(self, task: Task) -> None:
+    async def _finish(self, task: Task[Any]) -> None:
         _INSIDE.set(self)  # this finisher's own context
         error, value = task._outcome()
-        fut = task._future
-        if error is not None and self.log_unhandled and not task._after and not fut.observed:
-            log.warning(
-                "task %r failed and nothing observes it (no after callback, nobody "
-                "waiting on its future): %r",
-                task.name,
-                error,
-                exc_info=error,
-            )
-        for callback in task._after:
+        if not task._afters_started:
+            self._log_unobserved(task, error)
+        # Resumes after the last callback started, should a cancelled finisher be
+        # started again (see _finish_done).
+        while task._afters_started < len(task._after):
+            callback = task._after[task._afters_started]
+            task._afters_started += 1
             try:
                 if is_async_callable(callback):
                     await callback(error)
@@ -655,11 +794,51 @@ class TaskQueue:
                 raise
             except BaseException:
                 log.exception("task %r: after callback %r failed", task.name, callback)
-        if not fut.done():
-            if error is None:
-                fut.set_result(value)
-            else:
-                fut.set_exception(error)
+        _resolve(task._future, error, value)
+
+    def _log_unobserved(self, task: Task[Any], error: BaseException | None) -> None:
+        if (
+            error is not None
+            and self.log_unhandled
+            and not task._after
+            and not task._future.observed
+        ):
+            log.warning(
+                "task %r failed and nothing observes it (no after callback, nobody "
+                "waiting on its future): %r",
+                task.name,
+                error,
+                exc_info=error,
+            )
+
+    def _abandon(self) -> list[Task[Any]]:
+        """The queue's loop has ended (closed, or never to run again) with tasks still
+        queued: refuse new tasks, end those with an :class:`envq.EnvqError`, call their
+        ``after`` callbacks here (an ``async def`` one on a loop of its own) and resolve
+        their futures. Called from plain code, never on the dead loop; the ended tasks."""
+        self._closed = self._abandoned = True
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        self._held.clear()
+        # Nothing can terminate the engine without its loop, and its envelopes are
+        # these tasks, reported here: it need not warn about them when collected.
+        self.queue._live.clear()
+        for task in tasks:
+            error = EnvqError(
+                f"task {task.name!r}: the event loop of task queue {self.name!r} ended "
+                "before the task did"
+            )
+            task._end(error)
+            for callback in task._after:
+                try:
+                    if is_async_callable(callback):
+                        asyncio.run(callback(error))
+                    else:
+                        callback(error)
+                except Exception:
+                    log.exception("task %r: after callback %r failed", task.name, callback)
+            _resolve(task._future, error, None)
+        return tasks
 
     def _queue_loop(self) -> asyncio.AbstractEventLoop:
         loop = self.queue.loop
@@ -705,16 +884,16 @@ class TaskQueue:
                 await queue.wait_stopped()
             if queue.state is QueueState.STOPPED:
                 queue.start()
-            self._flush_held()
-            await queue.run_until_empty()
-            # The after callbacks may still need the engine's thread pool, which
-            # terminate() shuts down.
+            if queue.state is not QueueState.TERMINATED:  # the user may have terminated it
+                self._flush_held()
+                await queue.run_until_empty()
+                # The after callbacks may still need the engine's thread pool, which
+                # terminate() shuts down.
+                await self._after_callbacks()
+                await queue.terminate()  # hands back nothing, unless someone stopped it
+            self._end_held()
             await self._after_callbacks()
-            for env in await queue.terminate():  # nothing, unless someone else stopped it
-                handed = self._tasks.pop(env, None)
-                if handed is not None:
-                    handed._release()
-            await self._after_callbacks()
+            queue._threads.shutdown()  # again: the after callbacks may have restarted it
             stuck = queue.statistics().stuck_threads
             if stuck:
                 log.warning(

@@ -233,10 +233,11 @@ class TestBackgroundQueue:
         q.shutdown()
 
     def test_not_a_task(self) -> None:
-        """enqueue() of something that is not a Task raises BadEnvelope."""
+        """enqueue() of something that is not a Task raises BadEnvelopeType (a
+        TypeError, and a BadEnvelope as before)."""
         with (
             envq.BackgroundQueue("bad") as q,
-            pytest.raises(envq.BadEnvelope),
+            pytest.raises(envq.BadEnvelopeType, match="must be a Task"),
         ):
             q.enqueue("task")  # type: ignore[arg-type]
 

@@ -92,6 +92,11 @@ async def task_fn() -> None:
     """A good task function."""
 
 
+def divmod_fn(a: int, b: int) -> tuple[int, int]:
+    """A good task function with arguments."""
+    return divmod(a, b)
+
+
 async def coro_fn() -> int:
     """A coroutine function for envq.testing.run."""
     return 1
@@ -307,7 +312,7 @@ row("evolve-deadline>interval", evolve(interval=1, deadline=5), BadIntervals, "d
 # Queue(...)
 for v in [5, None, b"q"]:
     row(f"Queue-name-{v!r}", lambda v=v: envq.Queue(v), T, "name", repr(v))
-for v in ["", "a b", "a-b", "é", "q\n"]:
+for v in ["", " ", "q\n", "a\tb", " q", "q ", "\x00", "q\u2028"]:
     row(f"Queue-name-{v!r}", lambda v=v: envq.Queue(v), V, "name", repr(v))
 for v in [0, -1]:
     row(f"Queue-workers-{v}", queue(workers=v), V, "workers", repr(v))
@@ -348,8 +353,9 @@ for v in [math.nan, -1, -0.001, -math.inf, HUGE]:
     row(f"send_wait-timeout-{v!r:.8}", on_queue("send_wait", timeout=v), V, "timeout", repr(v))
 for v in ["5", True, [1], dt.timedelta(seconds=5)]:
     row(f"send_wait-timeout-{v!r:.8}", on_queue("send_wait", timeout=v), T, "timeout", repr(v))
-row("send-not-an-envelope", on_queue("send", 3), BV, "not an Envelope", 3)
-row("send_wait-not-an-envelope", on_queue("send_wait", "e"), BV, "not an Envelope", "'e'")
+row("send-not-an-envelope", on_queue("send", 3), BT, "not an Envelope", 3)
+row("send-str", on_queue("send", "x"), BT, "not an Envelope", "'x'")
+row("send_wait-not-an-envelope", on_queue("send_wait", "e"), BT, "not an Envelope", "'e'")
 for v in ["stop", 1, envq.QueueState.STOPPED]:
     row(f"stop-mode-{v!r:.12}", on_queue("stop", mode=v), T, "mode", repr(v))
 for v in ["yes", None, 1]:
@@ -453,8 +459,11 @@ for v in [3, None, "fn"]:
     row(f"Task-fn-{v!r}", lambda v=v: envq.Task(v), T, "fn", repr(v))
 row("Task-fn-generator", lambda: envq.Task(gen_task), T, "fn", "generator", gen_task)
 row("Task-fn-async-generator", lambda: envq.Task(agen_task), T, "fn", agen_task)
-row("Task-rng-int", lambda: envq.Task(task_fn, rng=42), T, "rng", 42)
-row("Task-rng-class", lambda: envq.Task(task_fn, rng=random.Random), T, "rng", "instance")
+row("Task.rng-int", lambda: envq.Task(task_fn).rng(42), T, "rng", 42)
+row("Task.rng-class", lambda: envq.Task(task_fn).rng(random.Random), T, "rng", "instance")
+row("Task-args-extra", lambda: envq.Task(task_fn, 1), T, "task_fn", "arguments")
+row("Task-kwargs-unknown", lambda: envq.Task(task_fn, rng=3), T, "task_fn", "rng")
+row("submit-args-missing", lambda: envq.submit(divmod_fn, 1), T, "divmod_fn", "'b'")
 for v in [0, -2]:
     row(f"Task.retries-{v}", task("retries", v), V, "retries", repr(v))
 for v in [2.0, True, "3", None]:
@@ -477,7 +486,7 @@ for v in ["tomorrow", None, DATE, 0]:
 
 # TaskQueue(...), BackgroundQueue(...) and the task API's functions.
 row("TaskQueue-name-int", lambda: envq.TaskQueue(5), T, "TaskQueue", "name", 5)
-row("TaskQueue-name-space", lambda: envq.TaskQueue("a b"), V, "TaskQueue", "name", "'a b'")
+row("TaskQueue-name-space", lambda: envq.TaskQueue("a "), V, "TaskQueue", "name", "'a '")
 row("TaskQueue-workers-0", lambda: envq.TaskQueue(workers=0), V, "TaskQueue", "workers", 0)
 row("TaskQueue-workers-str", lambda: envq.TaskQueue(workers="1"), T, "workers", "'1'")
 row("TaskQueue-capacity--1", lambda: envq.TaskQueue(capacity=-1), V, "capacity", -1)
@@ -488,9 +497,10 @@ row("TaskQueue-threads-0", lambda: envq.TaskQueue(threads=0), V, "threads", 0)
 row("TaskQueue-threads-float", lambda: envq.TaskQueue(threads=1.5), T, "threads", 1.5)
 row("TaskQueue.submit-int", task_queue("submit", 3), T, "fn", 3)
 row("TaskQueue.submit-generator", task_queue("submit", gen_task), T, "fn", "generator")
-row("TaskQueue.enqueue-int", task_queue("enqueue", 3), BV, "not a Task", 3)
+row("TaskQueue.enqueue-int", task_queue("enqueue", 3), BT, "task must be a Task", 3)
+row("TaskQueue.enqueue-fn", task_queue("enqueue", print), BT, "task", "submit(fn")
 row("BackgroundQueue-name-None", lambda: envq.BackgroundQueue(None), T, "name", "None")
-row("BackgroundQueue-name-dash", lambda: envq.BackgroundQueue("a-b"), V, "name", "'a-b'")
+row("BackgroundQueue-name-tab", lambda: envq.BackgroundQueue("a\tb"), V, "name", "'a\\tb'")
 row("BackgroundQueue-workers-0", lambda: envq.BackgroundQueue(workers=0), V, "workers", 0)
 row("BackgroundQueue-workers-bool", lambda: envq.BackgroundQueue(workers=True), T, "workers", True)
 row(
@@ -517,7 +527,8 @@ row(
     "async",
 )
 row("BackgroundQueue.submit-int", background("submit", 3), T, "fn", 3)
-row("BackgroundQueue.enqueue-int", background("enqueue", 3), BV, "not a Task", 3)
+row("BackgroundQueue.enqueue-int", background("enqueue", 3), BT, "task must be a Task", 3)
+row("enqueue-fn", lambda: envq.enqueue(print), BT, "task must be a Task", "print")
 for v in [-1, math.nan, -math.inf, HUGE]:
     row(f"BackgroundQueue.shutdown-{v!r:.8}", background("shutdown", v), V, "timeout", repr(v))
 for v in ["1", True]:
@@ -629,6 +640,14 @@ def test_table_is_large() -> None:
 
 
 class TestAccepted:
+    @pytest.mark.parametrize("name", ["my-queue", "emails.eu", "a b", "émails", "x/y"])
+    def test_names_users_write(self, name: str) -> None:
+        """Queue names with dashes, dots, spaces inside, slashes or non-ASCII letters
+        are accepted by Queue, TaskQueue and BackgroundQueue alike."""
+        assert envq.Queue(name).name == name
+        assert envq.TaskQueue(name).name == name
+        assert envq.BackgroundQueue(name).name == name
+
     def test_stamps_none_means_none(self) -> None:
         """stamps=None is accepted as no stamps, by Envelope and Queue alike."""
         assert envq.Envelope(invoke=work, stamps=None).stamps == ()

@@ -98,26 +98,34 @@ class TestQueueArguments:
         name=st.one_of(
             st.just(""),
             st.text(min_size=1, max_size=10).filter(
-                lambda s: any(ch not in NAME_CHARS for ch in s)
+                lambda s: not s.isprintable() or s.strip() != s
             ),
         )
     )
     def test_bad_name(self, name: str) -> None:
-        """A queue name outside [a-zA-Z0-9:_]+ raises ValueError naming it."""
+        """An empty queue name, one with a control character or line break, or one
+        with surrounding whitespace raises ValueError naming it."""
         with pytest.raises(ValueError, match=r"(?s).") as info:
             envq.Queue(name)
         message = str(info.value)
         assert repr(name) in message or (name != "" and name in message), message
 
-    @pytest.mark.parametrize("name", ["emails\n", "a b", "a-b", "é", "a.b", "x/y"])
+    @pytest.mark.parametrize("name", ["emails\n", "a\tb", " a", "a ", "\x1b[31m"])
     def test_bad_name_examples(self, name: str) -> None:
-        """Near-misses (trailing newline, space, dash, non-ASCII, dot, slash) are rejected."""
+        """Near-misses (trailing newline, tab, surrounding space, an escape code) are
+        rejected."""
         with pytest.raises(ValueError, match="name|" + re.escape(repr(name))):
             envq.Queue(name)
 
-    @given(name=st.text(alphabet=NAME_CHARS, min_size=1, max_size=20))
+    @given(
+        name=st.one_of(
+            st.text(alphabet=NAME_CHARS, min_size=1, max_size=20),
+            st.text(min_size=1, max_size=20).filter(lambda s: s.isprintable() and s.strip() == s),
+        )
+    )
     def test_good_name(self, name: str) -> None:
-        """Any non-empty name of [a-zA-Z0-9:_] is accepted and used in events."""
+        """Any non-empty printable name without surrounding whitespace ("my-queue",
+        "a b", "é") is accepted and used in events."""
 
         async def main() -> list[str]:
             q = envq.Queue(name)

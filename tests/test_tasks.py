@@ -243,7 +243,7 @@ class TestOutcome:
         async def waits(seed: int) -> list[float]:
             fn = Flaky(fails=99)
             async with envq.TaskQueue() as q:
-                q.enqueue(envq.Task(fn, rng=random.Random(seed)).retries(7).backoff(4))
+                q.enqueue(envq.Task(fn).rng(random.Random(seed)).retries(7).backoff(4))
             return gaps(fn.times)
 
         first, second = await waits(3), await waits(3)
@@ -437,9 +437,10 @@ class TestOnce:
                 b.enqueue(t)
 
     async def test_not_a_task(self) -> None:
-        """enqueue() of something that is not a Task raises BadEnvelope."""
+        """enqueue() of something that is not a Task raises BadEnvelopeType (a
+        TypeError, and a BadEnvelope as before), with a hint for a function."""
         async with envq.TaskQueue() as q:
-            with pytest.raises(envq.BadEnvelope, match="not a Task"):
+            with pytest.raises(envq.BadEnvelopeType, match=r"must be a Task.*submit\(fn"):
                 q.enqueue(noop)  # type: ignore[arg-type]
 
 
@@ -739,7 +740,7 @@ class TestQueueOptions:
     def test_bad_options(self) -> None:
         """Bad queue options raise ValueError."""
         with pytest.raises(ValueError, match="name"):
-            envq.TaskQueue("bad name")
+            envq.TaskQueue("bad\nname")
         with pytest.raises(ValueError, match="threads"):
             envq.TaskQueue(threads=0)
 
