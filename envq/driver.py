@@ -303,9 +303,13 @@ class Session:
         if command.get("protocol", PROTOCOL) != PROTOCOL:
             raise DriverError(f"protocol {command.get('protocol')!r} unknown (speaks {PROTOCOL})")
         if "time_scale" in command:
-            scale = _number(command, "time_scale")
+            value = command["time_scale"]
+            try:
+                scale = _number(command, "time_scale")
+            except DriverError:
+                scale = 0.0
             if scale <= 0:
-                raise DriverError(f"time_scale must be > 0, got {scale!r}")
+                raise DriverError(f"time_scale must be a finite number > 0, got {value!r}")
             if self.clock == "real":
                 self.scale = scale
         elif self.clock == "real":

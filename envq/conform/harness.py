@@ -31,6 +31,7 @@ __all__ = [
     "REAL_JITTER",
     "Harness",
     "ScriptError",
+    "bad_answer",
     "load_script",
     "matches",
     "replay",
@@ -199,6 +200,17 @@ def shape_problem(command: Mapping[str, Any], response: Mapping[str, Any]) -> st
     return None
 
 
+def bad_answer(driver: Driver, command: Mapping[str, Any], problem: str) -> str:
+    """A protocol error's message: the command, what is wrong with which field, and
+    the driver's line (numbered, when the driver counts its lines)."""
+    lines = getattr(driver, "lines", None)
+    line = str(getattr(driver, "last_line", ""))
+    where = f"line {lines} of the driver's output" if lines else "the driver's answer"
+    if len(line) > 300:
+        line = line[:297] + "..."
+    return f"protocol error: the answer to {command.get('cmd')!r}: {problem}\n  {where}: {line}"
+
+
 class Harness:
     """A driver session checked command by command.
 
@@ -264,7 +276,7 @@ class Harness:
             response = self.driver.call(command)
             problem = shape_problem(command, response)
             if problem is not None:
-                raise ProtocolError(self._bad_answer(command, problem))
+                raise ProtocolError(bad_answer(self.driver, command, problem))
         except DriverCrashed as exc:
             if self.on_crash is not None:
                 self.on_crash(exc, tuple(self.log))
@@ -283,15 +295,6 @@ class Harness:
             self._checked(lambda: check(response))
         self._observe(events[at:])
         return response
-
-    def _bad_answer(self, command: Mapping[str, Any], problem: str) -> str:
-        """The protocol error: the command, the field, and the driver's line."""
-        lines = getattr(self.driver, "lines", None)
-        line = str(getattr(self.driver, "last_line", ""))
-        where = f"line {lines} of the driver's output" if lines else "the driver's answer"
-        if len(line) > 300:
-            line = line[:297] + "..."
-        return f"protocol error: the answer to {command.get('cmd')!r}: {problem}\n  {where}: {line}"
 
     def _observe(self, events: Iterable[Mapping[str, Any]]) -> None:
         for event in events:

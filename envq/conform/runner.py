@@ -25,7 +25,14 @@ from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from envq._machine import ENVELOPE_MOVES, LIFECYCLE, OUTCOMES
-from envq.conform.harness import Harness, ScriptError, load_script, replay, shape_problem
+from envq.conform.harness import (
+    Harness,
+    ScriptError,
+    bad_answer,
+    load_script,
+    replay,
+    shape_problem,
+)
 from envq.conform.machine import DriverFailed, Recorder, make_machine
 from envq.conform.oracle import Coverage, Violation
 from envq.conform.strategies import Profile
@@ -182,14 +189,15 @@ def load_classification(path: Path) -> Classification:
 def hello(connect: Callable[[], Driver], options: Options) -> dict[str, Any]:
     """The driver's answer to ``hello`` (one short session)."""
     driver = connect()
+    command = {"cmd": "hello", "protocol": 1, "time_scale": options.time_scale}
     try:
-        response = driver.call({"cmd": "hello", "protocol": 1, "time_scale": options.time_scale})
+        response = driver.call(command)
     finally:
         driver.close()
     answer = response.get("result")
-    problem = shape_problem({"cmd": "hello"}, response)
+    problem = shape_problem(command, response)
     if problem is not None:
-        raise ProtocolError(f"protocol error: the answer to 'hello': {problem}")
+        raise ProtocolError(bad_answer(driver, command, problem))
     if not response.get("ok") or not isinstance(answer, dict):
         raise DriverCrashed(f"hello answered {json.dumps(response)[:300]}")
     return answer
