@@ -19,6 +19,7 @@ import asyncio
 import collections
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, TextIO
@@ -28,6 +29,7 @@ from envq.conform.protocol import (
     CAUSES,
     ERRORS,
     FEATURES,
+    HANG_RELEASES,
     LONG_SECONDS,
     PROTOCOL,
     SLOW_SECONDS,
@@ -63,6 +65,49 @@ def _cause(exc: BaseException) -> str:
 
 class DriverError(Exception):
     """A command the driver cannot carry out (a protocol error, not an envq one)."""
+
+
+def _number(command: dict[str, Any], field: str, default: float | None = None) -> float:
+    """A finite number >= 0 of the command (``default`` if it is missing)."""
+    value = command.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DriverError(f"{field} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise DriverError(f"{field} must be finite and >= 0, got {value!r}")
+    return float(value)
+
+
+def _optional(command: dict[str, Any], field: str) -> float | None:
+    """A finite number >= 0 of the command, or ``None`` if it is missing or null."""
+    return None if command.get(field) is None else _number(command, field)
+
+
+def _count(command: dict[str, Any], field: str, default: int) -> int:
+    """A whole number >= 0 of the command (``default`` if it is missing)."""
+    value = command.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DriverError(f"{field} must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def _flag(command: dict[str, Any], field: str, default: bool | None) -> bool | None:
+    """``true``/``false`` of the command (``default`` if it is missing; ``None`` only
+    where null is allowed)."""
+    value = command.get(field, default)
+    if value is None and default is None:
+        return None
+    if not isinstance(value, bool):
+        raise DriverError(f"{field} must be true or false, got {value!r}")
+    return value
+
+
+def _choice(kind: type[Plan] | type[envq.StopMode], value: object, field: str) -> Any:
+    """The member of ``kind`` named ``value``."""
+    try:
+        return kind(value)
+    except ValueError:
+        names = [m.value for m in kind]
+        raise DriverError(f"{field} must be one of {names}, got {value!r}") from None
 
 
 class Session:
@@ -142,6 +187,18 @@ class Session:
         if not isinstance(name, str) or name not in self.envs:
             raise DriverError(f"unknown envelope {name!r}")
         return self.envs[name]
+
+    def _envs(self, command: dict[str, Any]) -> list[envq.Envelope]:
+        names = command.get("envs", [])
+        if not isinstance(names, list):
+            raise DriverError(f"envs must be a list of names, got {names!r}")
+        return [self._env(name) for name in names]
+
+    def _other(self) -> envq.Queue:
+        """The second queue (``lend``, ``reclaim``), made when first needed."""
+        if self.other is None:
+            self.other = envq.Queue("other", log_unhandled=False)
+        return self.other
 
     def close(self) -> None:
         """End the session: terminate what is left and close the loop."""
@@ -245,8 +302,18 @@ class Session:
         """Agree on the protocol; a real-clock session takes the time scale."""
         if command.get("protocol", PROTOCOL) != PROTOCOL:
             raise DriverError(f"protocol {command.get('protocol')!r} unknown (speaks {PROTOCOL})")
-        if self.clock == "real":
-            self.scale = float(command.get("time_scale", 0.05))
+        if "time_scale" in command:
+            value = command["time_scale"]
+            try:
+                scale = _number(command, "time_scale")
+            except DriverError:
+                scale = 0.0
+            if scale <= 0:
+                raise DriverError(f"time_scale must be a finite number > 0, got {value!r}")
+            if self.clock == "real":
+                self.scale = scale
+        elif self.clock == "real":
+            self.scale = 0.05
         self._t0 = self.loop.time()
         return {
             "driver": "envq",
@@ -261,43 +328,56 @@ class Session:
         """A new queue under test (the previous one must have been terminated)."""
         if self.q is not None and self.q.state is not envq.QueueState.TERMINATED:
             raise DriverError("the previous queue was not terminated")
+        workers = _count(command, "workers", 1)
+        if workers < 1:
+            raise DriverError(f"workers must be >= 1, got {workers}")
+        capacity = _count(command, "capacity", 0)
+        stop_mode = _choice(envq.StopMode, command.get("stop_mode", "drain"), "stop_mode")
+        wait = _flag(command, "wait", True)
         self.q = envq.Queue(
             "conform",
-            workers=int(command.get("workers", 1)),
-            capacity=int(command.get("capacity", 0)),
-            stop_mode=envq.StopMode(command.get("stop_mode", "drain")),
-            wait=bool(command.get("wait", True)),
+            workers=workers,
+            capacity=capacity,
+            stop_mode=stop_mode,
+            wait=bool(wait),
             log_unhandled=False,
         )
         self.q.subscribe(self.on_event)
-        if self.other is None:
-            self.other = envq.Queue("other", log_unhandled=False)
+        self._other()
 
     def cmd_define(self, command: dict[str, Any]) -> None:
         """A scripted envelope, under a name the later commands use."""
         name = command.get("env")
         if not isinstance(name, str) or name in self.envs:
             raise DriverError(f"bad or duplicate envelope name {name!r}")
-        spec = EnvSpec.from_json(command.get("spec", {}))
-        retry = None
-        if spec.policy is Policy.RETRY:
-            retry = envq.Retry(
-                attempts=spec.attempts,
-                base=self.real(spec.base),
-                cap=self.real(spec.cap),
-                jitter=False,
+        data = command.get("spec", {})
+        if not isinstance(data, dict):
+            raise DriverError(f"spec must be an object, got {data!r}")
+        # A spec the protocol does not allow (an unknown field or plan, a negative
+        # interval envq refuses) is the driver's input at fault, not a call of the queue.
+        try:
+            spec = EnvSpec.from_json(data)
+            retry = None
+            if spec.policy is Policy.RETRY:
+                retry = envq.Retry(
+                    attempts=spec.attempts,
+                    base=self.real(spec.base),
+                    cap=self.real(spec.cap),
+                    jitter=False,
+                )
+            env = envq.Envelope(
+                invoke=self.invoke,
+                id=name,
+                type=spec.type,
+                interval=self.real(spec.interval),
+                deadline=self.real(spec.deadline),
+                delay=self.real(spec.delay),
+                schedule=envq.FIXED_RATE if spec.fixed_rate else envq.FIXED_DELAY,
+                on_failure=self.on_failure if spec.policy.has_on_failure else None,
+                retry=retry,
             )
-        env = envq.Envelope(
-            invoke=self.invoke,
-            id=name,
-            type=spec.type,
-            interval=self.real(spec.interval),
-            deadline=self.real(spec.deadline),
-            delay=self.real(spec.delay),
-            schedule=envq.FIXED_RATE if spec.fixed_rate else envq.FIXED_DELAY,
-            on_failure=self.on_failure if spec.policy.has_on_failure else None,
-            retry=retry,
-        )
+        except (TypeError, ValueError) as exc:
+            raise DriverError(f"bad spec for {name!r}: {exc}") from exc
         self.envs[name] = env
         self.names[env] = name
         self.specs[name] = spec
@@ -306,15 +386,18 @@ class Session:
     def cmd_plan(self, command: dict[str, Any]) -> None:
         """Append a plan to an envelope's script."""
         self._env(command.get("env"))
-        self.scripts[command["env"]].append(Plan(command.get("plan")))
+        self.scripts[command["env"]].append(_choice(Plan, command.get("plan"), "plan"))
 
     def cmd_release(self, command: dict[str, Any]) -> bool:
         """Let a hanging attempt go on with a plan; False if it does not hang."""
         name = command.get("env")
+        plan = _choice(Plan, command.get("plan"), "plan")
+        if plan not in HANG_RELEASES:
+            raise DriverError(f"a hanging attempt is released with one of {HANG_RELEASES}")
         gate = self.gates.get(name) if isinstance(name, str) else None
         if gate is None:
             return False
-        gate[1].append(Plan(command.get("plan")))
+        gate[1].append(plan)
         gate[0].set()
         self._run(asyncio.sleep(0))
         return True
@@ -331,7 +414,7 @@ class Session:
     def cmd_send(self, command: dict[str, Any]) -> None:
         """``send(*envs)``."""
         q = self._queue()
-        envs = [self._env(name) for name in command.get("envs", [])]
+        envs = self._envs(command)
 
         async def go() -> None:
             q.send(*envs)
@@ -341,21 +424,19 @@ class Session:
     def cmd_send_wait(self, command: dict[str, Any]) -> dict[str, Any] | None:
         """``send_wait(*envs, timeout)``; blocks, in model time, for at most ``limit``."""
         q = self._queue()
-        envs = [self._env(name) for name in command.get("envs", [])]
-        timeout = command.get("timeout")
-        real_timeout = None if timeout is None else self.real(float(timeout))
+        envs = self._envs(command)
+        timeout = _optional(command, "timeout")
+        real_timeout = None if timeout is None else self.real(timeout)
         return self._blocking(q.send_wait(*envs, timeout=real_timeout), command)
 
     def cmd_lend(self, command: dict[str, Any]) -> None:
         """Send an envelope to the second queue (it is then live there)."""
         env = self._env(command.get("env"))
-        assert self.other is not None
-        self.other.send(env)
+        self._other().send(env)
 
     def cmd_reclaim(self, command: dict[str, Any]) -> list[str]:
         """Terminate the second queue (a fresh one replaces it); what it handed back."""
-        other = self.other
-        assert other is not None
+        other = self._other()
         left = self._run(other.terminate())
         self.other = envq.Queue("other", log_unhandled=False)
         return [self.names[env] for env in left]
@@ -373,13 +454,17 @@ class Session:
     ) -> dict[str, Any] | None:
         """Await ``coro`` for at most the command's ``limit`` (model seconds): its
         result, or ``{"timed_out": true}``."""
-        limit = command.get("limit")
+        try:
+            limit = _optional(command, "limit")
+        except DriverError:
+            coro.close()
+            raise
 
         async def go() -> Any:
             if limit is None:
                 return await coro
             try:
-                return await asyncio.wait_for(coro, self.real(float(limit)))
+                return await asyncio.wait_for(coro, self.real(limit))
             except TimeoutError:
                 return _TIMED_OUT
 
@@ -392,10 +477,11 @@ class Session:
         """``stop(mode, cancel, wait)``; the report."""
         q = self._queue()
         mode = command.get("mode")
+        _optional(command, "limit")
         stopping = q.stop(
-            mode=None if mode is None else envq.StopMode(mode),
-            cancel=bool(command.get("cancel", False)),
-            wait=command.get("wait"),
+            mode=None if mode is None else _choice(envq.StopMode, mode, "mode"),
+            cancel=bool(_flag(command, "cancel", False)),
+            wait=_flag(command, "wait", None),
         )
 
         async def report() -> Any:
@@ -423,7 +509,7 @@ class Session:
 
     def cmd_advance(self, command: dict[str, Any]) -> None:
         """Let ``seconds`` of model time pass."""
-        self._run(asyncio.sleep(self.real(float(command.get("seconds", 0)))))
+        self._run(asyncio.sleep(self.real(_number(command, "seconds", 0))))
 
     def cmd_stats(self, command: dict[str, Any]) -> dict[str, Any]:
         """``statistics()``, with states, outcomes and reasons by their protocol names."""
@@ -464,6 +550,10 @@ def answer(session: Session, line: str) -> tuple[dict[str, Any], bool]:
         return session.handle(command), command.get("cmd") == "quit"
     except (DriverError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         return {"ok": False, "error": "DriverError", "message": str(exc), "events": []}, False
+    except Exception as exc:
+        # Whatever went wrong, an answer keeps the session going and tells the harness.
+        message = f"the driver failed: {type(exc).__name__}: {exc}"
+        return {"ok": False, "error": "DriverError", "message": message, "events": []}, False
 
 
 def serve(session: Session, stdin: TextIO, stdout: TextIO) -> None:

@@ -12,7 +12,7 @@ under way is kept in :attr:`Recorder.harness`, and its command log is the script
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import attrs
 from hypothesis import strategies as st
@@ -32,11 +32,24 @@ from envq.conform.harness import Harness
 from envq.conform.oracle import Coverage, Violation
 from envq.conform.protocol import EnvSpec, Plan, QueueConfig, StopCall
 from envq.conform.strategies import Profile
-from envq.conform.transport import Driver
+from envq.conform.transport import Driver, DriverCrashed
 
-__all__ = ["Recorder", "make_machine"]
+__all__ = ["DriverFailed", "Recorder", "make_machine"]
 
 QS = QueueState
+
+
+class DriverFailed(BaseException):
+    """Ends a generated run at once: the driver crashed, hung or answered out of the
+    protocol. Not an ``Exception``, so that Hypothesis does not take it for a failing
+    example to replay and shrink (a driver that crashes now and then would not crash
+    the same way again, and the crash would be lost in a report of flakiness)."""
+
+    def __init__(self, crash: DriverCrashed, script: tuple[dict[str, Any], ...]) -> None:
+        super().__init__(str(crash))
+        self.crash = crash
+        #: The commands sent in this run, the last one the one that failed.
+        self.script = script
 
 
 @attrs.define
@@ -53,6 +66,10 @@ class Recorder:
         """Keep the run's first violation (see :attr:`first`)."""
         if self.first is None:
             self.first = (violation, script)
+
+    def crashed(self, crash: DriverCrashed, script: tuple[dict[str, Any], ...]) -> NoReturn:
+        """End the run: the driver failed (see :class:`DriverFailed`)."""
+        raise DriverFailed(crash, script) from crash
 
 
 def make_machine(
@@ -83,8 +100,12 @@ def make_machine(
 
         def __init__(self) -> None:
             super().__init__()
+            try:
+                driver = connect()
+            except DriverCrashed as exc:
+                recorder.crashed(exc, ())
             self.h = Harness(
-                connect(),
+                driver,
                 hello=hello,
                 real_clock=profile.real_clock,
                 ignore=ignored,
@@ -92,6 +113,7 @@ def make_machine(
                 features=profile.features,
                 known=recorder.known,
                 on_violation=recorder.raised,
+                on_crash=recorder.crashed,
             )
             recorder.harness = self.h
             self.made = 0

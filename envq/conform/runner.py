@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,14 +25,30 @@ from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from envq._machine import ENVELOPE_MOVES, LIFECYCLE, OUTCOMES
-from envq.conform.harness import Harness, replay
-from envq.conform.machine import Recorder, make_machine
+from envq.conform.harness import (
+    Harness,
+    ScriptError,
+    bad_answer,
+    load_script,
+    replay,
+    shape_problem,
+)
+from envq.conform.machine import DriverFailed, Recorder, make_machine
 from envq.conform.oracle import Coverage, Violation
 from envq.conform.strategies import Profile
-from envq.conform.transport import Driver, DriverCrashed, InProcessDriver, SharedProcess
+from envq.conform.transport import (
+    Driver,
+    DriverCrashed,
+    InProcessDriver,
+    ProtocolError,
+    SharedProcess,
+)
 from envq.model.invariants import INVARIANTS
 
 __all__ = [
+    "EXIT_DRIVER",
+    "EXIT_PASS",
+    "EXIT_VIOLATION",
     "KINDS",
     "Classification",
     "Finding",
@@ -96,7 +113,11 @@ class Result:
     coverage: Coverage = attrs.Factory(Coverage)
     steps: int = 0
     seconds: float = 0.0
+    #: Why the driver could not be checked (it crashed, hung or broke the protocol).
     error: str | None = None
+    #: The commands sent in the run until the driver failed, the last one the one that
+    #: failed (empty if it failed outside a run).
+    error_script: tuple[dict[str, Any], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -148,9 +169,11 @@ def load_classification(path: Path) -> Classification:
     """Read a classification file (JSON: ``title``, ``intro``, ``command`` and
     ``findings``, an object of finding key → ``{kind, summary, see, sometimes}``)."""
     data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not isinstance(data.get("findings", {}), dict):
+        raise ValueError(f"{path}: an object with an object of findings expected")
     notes = {}
     for key, entry in data.get("findings", {}).items():
-        if entry.get("kind") not in KINDS:
+        if not isinstance(entry, dict) or entry.get("kind") not in KINDS:
             raise ValueError(f"{path}: finding {key!r}: kind must be one of {sorted(KINDS)}")
         notes[key] = Note(
             entry["kind"],
@@ -166,13 +189,17 @@ def load_classification(path: Path) -> Classification:
 def hello(connect: Callable[[], Driver], options: Options) -> dict[str, Any]:
     """The driver's answer to ``hello`` (one short session)."""
     driver = connect()
+    command = {"cmd": "hello", "protocol": 1, "time_scale": options.time_scale}
     try:
-        response = driver.call({"cmd": "hello", "protocol": 1, "time_scale": options.time_scale})
+        response = driver.call(command)
     finally:
         driver.close()
     answer = response.get("result")
+    problem = shape_problem(command, response)
+    if problem is not None:
+        raise ProtocolError(bad_answer(driver, command, problem))
     if not response.get("ok") or not isinstance(answer, dict):
-        raise DriverCrashed(f"hello answered {response}")
+        raise DriverCrashed(f"hello answered {json.dumps(response)[:300]}")
     return answer
 
 
@@ -227,13 +254,20 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
         # whose timing varies): report the violation as it was first seen.
         finding = None
         if recorder.first is None:
-            result.error = f"{type(exc).__name__}: {exc}"
+            result.error = (
+                "the driver's answers differed when the same commands were sent again, "
+                f"and the run failed only once ({type(exc).__name__}: {exc})"
+            )
         else:
             first, script = recorder.first
             finding = Finding(first.check, first.row, first.message, script, flaky=True)
+    except DriverFailed as exc:
+        finding = None
+        result.error = str(exc.crash)
+        result.error_script = exc.script
     except DriverCrashed as exc:
         finding = None
-        result.error = f"{type(exc).__name__}: {exc}"
+        result.error = str(exc)
     else:
         finding = None
     if finding is not None:
@@ -272,20 +306,22 @@ def minimise(
     ignored = tuple(ignore)
 
     def violation(script: Sequence[dict[str, Any]]) -> Violation | None:
-        harness = Harness(
-            connect(),
-            hello={"time_scale": options.time_scale},
-            real_clock=real_clock,
-            ignore=ignored,
-        )
+        harness: Harness | None = None
         try:
+            harness = Harness(
+                connect(),
+                hello={"time_scale": options.time_scale},
+                real_clock=real_clock,
+                ignore=ignored,
+            )
             replay(harness, script)
         except Violation as exc:
             return exc
-        except (DriverCrashed, KeyError, ValueError, TypeError, AssertionError):
+        except (DriverCrashed, ScriptError):
             return None  # no longer makes sense (a definition, an attempt deleted)
         finally:
-            harness.close()
+            if harness is not None:
+                harness.close()
         return None
 
     script = list(finding.script)
@@ -345,6 +381,7 @@ def audit(
                 total.findings.append(finding)
         if one.error is not None:
             total.error = one.error
+            total.error_script = one.error_script
             break
         if not new:
             break
@@ -401,7 +438,7 @@ def report(
     driver = result.driver
     features = set(driver.get("features", []))
     rate = result.steps / result.seconds if result.seconds else 0.0
-    verdict = "PASS" if result.passed else "FAIL"
+    verdict = "ERROR" if result.error else "PASS" if result.passed else "FAIL"
     head = (
         f"{driver.get('driver', '?')} {driver.get('version', '')} on the "
         f"{driver.get('clock', '?')} clock: {verdict}; {result.steps} steps in "
@@ -428,7 +465,7 @@ def report(
             _md_preamble(result, classification, out)
         out.write(f"**{head}**\n\n")
         if result.error:
-            out.write(f"Driver error: `{result.error}`\n\n")
+            out.write(f"Driver error:\n\n```text\n{result.error}\n```\n\n")
         out.write("| invariant | checks | status |\n|---|---|---|\n")
         for inv in INVARIANTS:
             n = result.coverage.checks.get(inv.id, 0)
@@ -463,6 +500,8 @@ def report(
     out.write(head + "\n")
     if result.error:
         out.write(f"driver error: {result.error}\n")
+        if result.error_script:
+            out.write(f"  after {len(result.error_script)} commands of a generated run\n")
     out.write("\ninvariants:\n")
     for inv in INVARIANTS:
         n = result.coverage.checks.get(inv.id, 0)
@@ -507,21 +546,27 @@ def _md_preamble(result: Result, classification: Classification, out: TextIO) ->
     out.write("\n## Coverage\n\n")
 
 
+def load_expected(path: Path) -> tuple[set[str], set[str]]:
+    """The finding keys an expectation file requires, and those it allows (see
+    :func:`check_expected`)."""
+    if path.suffix == ".json":
+        classification = load_classification(path)
+        return classification.required, set(classification.notes)
+    keys = {
+        line.strip()
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    return keys, keys
+
+
 def check_expected(result: Result, path: Path) -> str | None:
     """Compare the findings with an expectation file; ``None`` if they agree, else why
     not. A JSON file is a :class:`Classification` (every classified finding must be
     found, except those marked ``sometimes``, and nothing else); any other file lists
     the expected keys, one per line (``#`` starts a comment)."""
     found = {f.key for f in result.findings}
-    if path.suffix == ".json":
-        classification = load_classification(path)
-        required, allowed = classification.required, set(classification.notes)
-    else:
-        required = allowed = {
-            line.strip()
-            for line in path.read_text().splitlines()
-            if line.strip() and not line.startswith("#")
-        }
+    required, allowed = load_expected(path)
     new, gone = sorted(found - allowed), sorted(required - found)
     if not new and not gone:
         return None
@@ -529,7 +574,8 @@ def check_expected(result: Result, path: Path) -> str | None:
 
 
 def save_scripts(result: Result, directory: Path) -> list[Path]:
-    """Write each finding's counterexample as a JSON-lines script; their paths."""
+    """Write each finding's counterexample as a JSON-lines script, and the commands
+    that led to a driver's failure as ``driver-error.jsonl``; their paths."""
     paths = []
     for i, finding in enumerate(result.findings, 1):
         if not finding.script:
@@ -539,12 +585,42 @@ def save_scripts(result: Result, directory: Path) -> list[Path]:
         path = directory / f"{i:02}-{name}.jsonl"
         path.write_text("".join(json.dumps(c) + "\n" for c in finding.script))
         paths.append(path)
+    if result.error_script:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "driver-error.jsonl"
+        path.write_text("".join(json.dumps(c) + "\n" for c in result.error_script))
+        paths.append(path)
     return paths
 
 
 # ---------------------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------------------
+
+
+#: ``envq conform``'s exit status when the port passed (or a replay found no violation).
+EXIT_PASS: Final = 0
+#: A violation was found (or reproduced by ``--replay``), or ``--expect`` disagreed.
+EXIT_VIOLATION: Final = 1
+#: No verdict: bad input (arguments, a script, an expectation file) or a driver that
+#: crashed, hung or answered out of the protocol.
+EXIT_DRIVER: Final = 2
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 of ``kind``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -556,21 +632,35 @@ def build_parser() -> argparse.ArgumentParser:
             "JSON-lines protocol of specs/driver-protocol.md: envq conform [options] -- "
             "CMD ARGS..."
         ),
+        epilog=(
+            "exit status: 0 passed (or no violation replayed), 1 a violation (or --expect"
+            " disagrees), 2 bad input or a driver that crashed, hung or broke the protocol"
+        ),
     )
-    parser.add_argument("--examples", type=int, default=100, help="Hypothesis examples (100)")
-    parser.add_argument("--steps", type=int, default=50, help="steps per example (50)")
+    count, seconds = _positive(int), _positive(float)
+    parser.add_argument("--examples", type=count, default=100, help="Hypothesis examples (100)")
+    parser.add_argument("--steps", type=count, default=50, help="steps per example (50)")
     parser.add_argument("--derandomize", action="store_true", help="the same run every time")
     parser.add_argument(
         "--time-scale",
-        type=float,
+        type=seconds,
         default=0.05,
         help="real seconds per model second, for a real-clock driver (0.05)",
+    )
+    parser.add_argument(
+        "--response-timeout",
+        type=seconds,
+        default=60.0,
+        help=(
+            "real seconds a driver's answer may take before it counts as hung, on top of"
+            " the model time the command lets pass times the time scale (60)"
+        ),
     )
     parser.add_argument("--no-shrink", action="store_true", help="report the first failure as is")
     parser.add_argument(
         "--audit", action="store_true", help="find every distinct divergence, not only the first"
     )
-    parser.add_argument("--rounds", type=int, default=25, help="most audit rounds (25)")
+    parser.add_argument("--rounds", type=count, default=25, help="most audit rounds (25)")
     parser.add_argument("--ignore", action="append", default=[], help="a check to set aside")
     parser.add_argument("--report", choices=("text", "md"), default="text")
     parser.add_argument("--out", type=Path, default=None, help="write the report there")
@@ -600,7 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``envq conform [options] -- CMD ARGS...``; the exit code."""
+    """``envq conform [options] -- CMD ARGS...``; the exit code (:data:`EXIT_PASS`,
+    :data:`EXIT_VIOLATION` or :data:`EXIT_DRIVER`)."""
     args_list = list(argv)
     if "--" in args_list:
         cut = args_list.index("--")
@@ -609,11 +700,22 @@ def main(argv: Sequence[str]) -> int:
         mine, command = args_list, []
     parser = build_parser()
     args = parser.parse_args(mine)
-    classification = None if args.classify is None else load_classification(args.classify)
+    # Every input is read before the driver starts: a typo costs no run.
+    script: list[dict[str, Any]] | None = None
+    try:
+        classification = None if args.classify is None else load_classification(args.classify)
+        if args.expect is not None:
+            load_expected(args.expect)
+        if args.replay is not None:
+            text = args.replay.read_text(encoding="utf-8")
+            script = load_script(text, str(args.replay))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        sys.stderr.write(f"envq conform: {exc}\n")
+        return EXIT_DRIVER
     connect: Callable[[], Driver]
     shared: SharedProcess | None = None
     if command:
-        shared = SharedProcess(command)
+        shared = SharedProcess(command, timeout=args.response_timeout)
         connect = shared.connect
     else:
         from envq.driver import Session  # noqa: PLC0415 - the in-process reference driver
@@ -631,12 +733,12 @@ def main(argv: Sequence[str]) -> int:
         ignore=tuple(args.ignore),
     )
     try:
-        if args.replay is not None:
-            return _replay(connect, args.replay, options)
+        if script is not None:
+            return _replay(connect, script, options)
         result = audit(connect, options, args.rounds) if args.audit else run(connect, options)
     except DriverCrashed as exc:
         sys.stderr.write(f"envq conform: {exc}\n")
-        return 2
+        return EXIT_DRIVER
     finally:
         engine_log.disabled = was_disabled
         if shared is not None:
@@ -648,21 +750,25 @@ def main(argv: Sequence[str]) -> int:
         if args.out is not None:
             out.close()
     for path in save_scripts(result, args.save):
-        sys.stderr.write(f"counterexample: {path}  (replay: envq conform --replay {path} -- ...)\n")
+        what = (
+            "commands until the driver failed" if path.stem == "driver-error" else "counterexample"
+        )
+        sys.stderr.write(f"{what}: {path}  (replay: envq conform --replay {path} -- ...)\n")
     if result.error is not None:
-        return 2
+        sys.stderr.write(f"envq conform: {result.error}\n")
+        return EXIT_DRIVER
     if args.expect is not None:
         differs = check_expected(result, args.expect)
         if differs is not None:
             sys.stderr.write(f"envq conform: {differs}\n")
-            return 1
-        return 0
-    return 0 if result.passed else 1
+            return EXIT_VIOLATION
+        return EXIT_PASS
+    return EXIT_PASS if result.passed else EXIT_VIOLATION
 
 
-def _replay(connect: Callable[[], Driver], path: Path, options: Options) -> int:
-    commands = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    first = commands[0] if commands and commands[0].get("cmd") == "hello" else {}
+def _replay(connect: Callable[[], Driver], commands: list[dict[str, Any]], options: Options) -> int:
+    """Play ``commands`` (checked by :func:`load_script`) through a fresh session."""
+    first = commands[0] if commands[0].get("cmd") == "hello" else {}
     answer = hello(connect, options)
     harness = Harness(
         connect(),
@@ -674,8 +780,11 @@ def _replay(connect: Callable[[], Driver], path: Path, options: Options) -> int:
         replay(harness, commands)
     except Violation as exc:
         sys.stdout.write(f"VIOLATION {exc}\nafter {len(harness.log)} commands\n")
-        return 1
+        return EXIT_VIOLATION
+    except ScriptError as exc:
+        sys.stderr.write(f"envq conform: the script cannot be replayed: {exc}\n")
+        return EXIT_DRIVER
     finally:
         harness.close()
     sys.stdout.write(f"no violation: {len(commands)} commands replayed\n")
-    return 0
+    return EXIT_PASS

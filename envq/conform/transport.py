@@ -5,19 +5,33 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import queue
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, NoReturn, Protocol
 
 from envq.driver import answer
 
-__all__ = ["Driver", "DriverCrashed", "InProcessDriver", "ProcessDriver", "SharedProcess"]
+__all__ = [
+    "Driver",
+    "DriverCrashed",
+    "InProcessDriver",
+    "ProcessDriver",
+    "ProtocolError",
+    "SharedProcess",
+    "model_wait",
+]
 
 
 class DriverCrashed(RuntimeError):
     """The driver exited, broke the protocol, or did not answer in time."""
+
+
+class ProtocolError(DriverCrashed):
+    """The driver answered with valid JSON of the wrong shape (a field missing, of the
+    wrong type, or a name the protocol does not know)."""
 
 
 class Driver(Protocol):
@@ -32,15 +46,46 @@ class Driver(Protocol):
         ...
 
 
+#: The command fields that ask the driver to let model time pass: ``advance``'s
+#: ``seconds``, a blocking call's ``limit``, ``send_wait``'s ``timeout``.
+WAITING_FIELDS: Final = ("seconds", "limit", "timeout")
+
+
+def model_wait(command: Mapping[str, Any]) -> float:
+    """The most model seconds ``command`` may make the driver wait (0 if none)."""
+    longest = 0.0
+    for field in WAITING_FIELDS:
+        value = command.get(field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
+            longest = max(longest, float(value))
+    return longest
+
+
 class ProcessDriver:
     """A driver program: ``argv`` started once; one JSON object per line each way.
 
-    :param timeout: real seconds a response may take before the driver counts as hung.
+    :param timeout: real seconds any answer may take, beyond the time the command asks
+        the driver to let pass; after that the driver counts as hung and is killed.
+        A real-clock driver (its ``hello`` says so) is given, on top, the model seconds
+        a command may wait (``advance``'s ``seconds``, a blocking call's ``limit``)
+        times the ``time_scale`` sent in ``hello``.
+
+    Once the driver's output has ended (it exited, was killed, or closed stdout) or it
+    broke the protocol, every further call fails at once with the same explanation.
     """
 
     def __init__(self, argv: Sequence[str], timeout: float = 60.0) -> None:
         self.argv = list(argv)
         self.timeout = timeout
+        #: Real seconds per model second; 0 until ``hello`` says the clock is real.
+        self.scale = 0.0
+        #: How many lines the driver has written, and the last one.
+        self.lines = 0
+        self.last_line = ""
+        #: Why the driver can no longer be used, once it cannot.
+        self.ended: str | None = None
         try:
             self._proc = subprocess.Popen(
                 self.argv,
@@ -63,41 +108,78 @@ class ProcessDriver:
 
     def _read_stdout(self) -> None:
         assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self._lines.put(line)
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._proc.stdout:
+                self._lines.put(line)
         self._lines.put("")  # the end of the output
 
     def _read_stderr(self) -> None:
         assert self._proc.stderr is not None
-        for line in self._proc.stderr:
-            self._stderr.append(line)
-            del self._stderr[:-50]
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._proc.stderr:
+                self._stderr.append(line)
+                del self._stderr[:-50]
+
+    @property
+    def alive(self) -> bool:
+        """Whether the driver can still be sent commands."""
+        return self.ended is None and self._proc.poll() is None
+
+    def time_limit(self, command: Mapping[str, Any]) -> float:
+        """Real seconds the answer to ``command`` may take."""
+        return self.timeout + model_wait(command) * self.scale
 
     def call(self, command: dict[str, Any]) -> dict[str, Any]:
         """Send one command, read one response line."""
+        name = command.get("cmd")
+        if self.ended is not None:
+            raise DriverCrashed(f"cannot send {name!r}: {self.ended}")
         proc = self._proc
         assert proc.stdin is not None
-        assert proc.stdout is not None
         try:
             proc.stdin.write(json.dumps(command) + "\n")
             proc.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
-            raise DriverCrashed(self._why(f"could not send {command.get('cmd')!r}: {exc}")) from exc
+        except (BrokenPipeError, OSError, ValueError) as exc:
+            self._end(f"the driver stopped reading its input during {name!r} ({exc})")
+        limit = self.time_limit(command)
         try:
-            line = self._lines.get(timeout=self.timeout)
+            line = self._lines.get(timeout=limit)
         except queue.Empty:
             proc.kill()
-            why = f"no answer to {command.get('cmd')!r} in {self.timeout} s"
-            raise DriverCrashed(self._why(why)) from None
+            self._end(f"the driver did not answer {name!r} in {limit:g} s (it was killed)")
         if not line:
-            raise DriverCrashed(self._why(f"driver exited during {command.get('cmd')!r}"))
+            self._end(f"the driver's output ended during {name!r}")
+        self.lines += 1
+        self.last_line = line.rstrip("\n")
+        where = f"line {self.lines} of the driver's output: {self.last_line[:200]!r}"
         try:
             response = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DriverCrashed(self._why(f"not JSON: {line[:200]!r}")) from exc
+        except json.JSONDecodeError:
+            proc.kill()
+            self._end(f"the answer to {name!r} is not JSON ({where})")
         if not isinstance(response, dict):
-            raise DriverCrashed(self._why(f"not an object: {line[:200]!r}"))
+            proc.kill()
+            self._end(f"the answer to {name!r} is not a JSON object ({where})")
+        if name == "hello" and isinstance(response.get("result"), dict):
+            scale = command.get("time_scale")
+            real = response["result"].get("clock") == "real"
+            if real and isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0:
+                self.scale = float(scale)
         return response
+
+    def _end(self, why: str) -> NoReturn:
+        """The driver can no longer be used: say why (its exit status and the end of its
+        stderr, once it has written them) and raise."""
+        proc = self._proc
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(ENDING)
+        status = proc.poll()
+        if status is not None:
+            self._readers[0].join(ENDING)  # the rest of its stderr
+            why += f"; it exited with status {status}" if status >= 0 else ""
+            why += f"; it was killed by signal {-status}" if status < 0 else ""
+        self.ended = self._why(why)
+        raise DriverCrashed(self.ended)
 
     def _why(self, message: str) -> str:
         tail = "".join(self._stderr[-10:]).rstrip()
@@ -105,22 +187,28 @@ class ProcessDriver:
 
     def close(self) -> None:
         """``quit``, then wait for the process (killed if it lingers) and close its
-        pipes."""
+        pipes. A driver whose output has ended is not sent ``quit``."""
         proc = self._proc
-        if proc.poll() is None:
+        if self.alive:
             with contextlib.suppress(DriverCrashed):
                 self.call({"cmd": "quit"})
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for reader in self._readers:
-            reader.join(5)
+        if self.ended is not None and proc.poll() is None:
+            proc.kill()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, ValueError):
                     pipe.close()
+        for reader in self._readers:
+            reader.join(5)
+
+
+#: Real seconds to wait for a driver whose output ended to exit (and finish its stderr).
+ENDING: Final = 2.0
 
 
 class InProcessDriver:
@@ -130,11 +218,16 @@ class InProcessDriver:
 
     def __init__(self, make: Callable[[], Any]) -> None:
         self._session = make()
+        #: How many responses the session has given, and the last one as a JSON line.
+        self.lines = 0
+        self.last_line = ""
 
     def call(self, command: dict[str, Any]) -> dict[str, Any]:
         """Hand the command to the session, as the driver process would."""
         response, _ = answer(self._session, json.dumps(command))
-        return json.loads(json.dumps(response))  # type: ignore[no-any-return]
+        self.lines += 1
+        self.last_line = json.dumps(response)
+        return json.loads(self.last_line)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """End the session."""
@@ -156,15 +249,15 @@ class SharedProcess:
     def connect(self) -> Driver:
         """A session on the shared process (a new process if the last one died)."""
         process = self._process
-        if process is None or process._proc.poll() is not None:
+        if process is None or not process.alive:
             if process is not None:
                 process.close()
             process = self._process = ProcessDriver(self.argv, self.timeout)
             self._used = False
         elif self._used:
             response = process.call({"cmd": "reset"})
-            if not response.get("ok"):
-                raise DriverCrashed(f"reset answered {response}")
+            if response.get("ok") is not True:
+                raise DriverCrashed(f"reset answered {process.last_line[:200]}")
         self._used = True
         return _Session(process)
 
@@ -180,6 +273,16 @@ class _Session:
 
     def __init__(self, process: ProcessDriver) -> None:
         self._process = process
+
+    @property
+    def lines(self) -> int:
+        """How many lines the driver process has written."""
+        return self._process.lines
+
+    @property
+    def last_line(self) -> str:
+        """The last line the driver process wrote."""
+        return self._process.last_line
 
     def call(self, command: dict[str, Any]) -> dict[str, Any]:
         """Send one command to the shared process."""
