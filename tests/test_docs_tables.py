@@ -194,6 +194,82 @@ class TestContent:
             gen.lifecycle_actions(changed)
 
 
+class TestGuideTables:
+    """The guide's tables in docs/lifecycle.md and docs/outcomes.md say what specs/ says."""
+
+    @staticmethod
+    def _cells(table: str) -> list[list[str]]:
+        return [line.strip("| ").split(" | ") for line in table.splitlines()[2:]]
+
+    def test_lifecycle_cells_follow_the_rows(self) -> None:
+        """One line per state, one cell per public call: a rejected call names its
+        error, a call that moves the queue names the state it leads to."""
+        specs = load_specs()
+        life = specs.lifecycle
+        rows = {(r["state"], r["call"]): r for r in life["rows"]}
+        lines = self._cells(gen.guide_lifecycle_table(specs))
+        assert [cells[0] for cells in lines] == life["states"]
+        calls = list(gen.GUIDE_CALLS)
+        for state, *cells in lines:
+            assert len(cells) == len(calls)
+            for call, cell in zip(calls, cells, strict=True):
+                row = rows[(state, call)]
+                if row["action"] == "REJECT":
+                    assert cell == f"raises `{row['error']}`"
+                elif row["action"] == "ESCALATE_THEN_TERMINATE":
+                    assert cell.endswith("as from STOPPED"), cell
+                elif row["target"] != state:
+                    assert f"→ {row['target']}" in cell, (state, call, cell)
+                else:
+                    assert "→" not in cell, (state, call, cell)
+        page = (DOCS / "lifecycle.md").read_text(encoding="utf-8")
+        assert gen.guide_lifecycle_table(specs) in page
+
+    def test_outcome_lines_cover_every_row_once(self) -> None:
+        """Every (kind, outcome) row is on exactly one line, with its action's wording,
+        its target first and its redirects."""
+        specs = load_specs()
+        env = specs.envelope
+        lines = self._cells(gen.guide_outcome_table(specs))
+        names = {v: k for k, v in gen.GUIDE_KINDS.items()}
+        seen: list[tuple[str, str]] = []
+        for kind_name, outs, action, states in lines:
+            kinds = ["ONE_OFF", "PERIODIC"] if kind_name == "one-off or periodic" else None
+            kinds = kinds or [names[kind_name]]
+            listed = env["events"]["outcomes"] if outs == "any" else outs.strip("`").split("`, `")
+            for kind in kinds:
+                for outcome in listed:
+                    row = next(
+                        r for r in env["outcomes"] if (r["kind"], r["outcome"]) == (kind, outcome)
+                    )
+                    seen.append((kind, outcome))
+                    assert action == gen.GUIDE_OUTCOMES[row["action"]]
+                    assert states.startswith(row["target"]), (row, states)
+                    assert all(state in states for state in row["redirects"]), (row, states)
+        assert sorted(seen) == sorted((r["kind"], r["outcome"]) for r in env["outcomes"])
+        page = (DOCS / "outcomes.md").read_text(encoding="utf-8")
+        assert gen.guide_outcome_table(specs) in page
+
+    def test_an_undescribed_action_is_an_error(self) -> None:
+        """An action with no wording in the guide (or a stale wording) fails the render."""
+        specs = load_specs()
+        envelope = copy.deepcopy(specs.envelope)
+        envelope["outcomes"][0]["action"] = "NEW_ACTION"
+        with pytest.raises(ValueError, match="NEW_ACTION"):
+            gen.guide_outcome_table(gen.Specs(specs.lifecycle, envelope, specs.diagrams))
+        lifecycle = copy.deepcopy(specs.lifecycle)
+        lifecycle["rows"] = [r for r in lifecycle["rows"] if r.get("action") != "AWAIT_STOP"]
+        with pytest.raises(ValueError, match="AWAIT_STOP"):
+            gen.guide_lifecycle_table(gen.Specs(lifecycle, specs.envelope, specs.diagrams))
+
+    def test_an_unnamed_kind_is_an_error(self) -> None:
+        specs = load_specs()
+        envelope = copy.deepcopy(specs.envelope)
+        envelope["kinds"].append("SOMETIMES")
+        with pytest.raises(ValueError, match="SOMETIMES"):
+            gen.guide_outcome_table(gen.Specs(specs.lifecycle, envelope, specs.diagrams))
+
+
 class TestApiPage:
     """docs/api.md documents the whole public API."""
 

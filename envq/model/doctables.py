@@ -332,8 +332,9 @@ def guide_lifecycle_table(specs: Specs) -> str:
     calls = [c for c in life["calls"] if c in GUIDE_CALLS]
     if len(calls) != len(GUIDE_CALLS):
         raise ValueError(f"guide calls {sorted(GUIDE_CALLS)} not all in specs/ {calls}")
+    used = (rows.get((s, c), {}).get("action") for s in life["states"] for c in calls)
     _wording(
-        (rows[(s, c)]["action"] for s in life["states"] for c in calls if "action" in rows[(s, c)]),
+        (action for action in used if action is not None),
         GUIDE_LIFE,
         "guide lifecycle",
     )
@@ -342,7 +343,7 @@ def guide_lifecycle_table(specs: Specs) -> str:
     for state in life["states"]:
         cells = [state]
         for call in calls:
-            row = rows[(state, call)]
+            row = rows.get((state, call), {})
             if "action" not in row:
                 cells.append("cannot happen")
                 continue
