@@ -3,7 +3,13 @@
 * ``envq demo [--duration S] [--seed N] [--workers N] [--metrics-port PORT] [--live|--plain]``
   runs the narrated demo (:mod:`envq.demo`);
 * ``envq spec [--format text|markdown|json]`` prints the runtime's lifecycle and outcome
-  tables (:mod:`envq._machine`), the ones the queue executes;
+  tables (:mod:`envq._machine`), the ones the queue executes; ``envq spec --write``
+  regenerates ``specs/`` and the generated blocks of ``docs/`` from them and the models,
+  ``envq spec --check`` fails when one is stale (:mod:`envq.model.specgen`; a source
+  checkout and the conform extra);
+* ``envq explore [--depth N] [--show N]`` explores every small scope of an abstract
+  queue driven by the tables, checking the invariants (:mod:`envq.model.explore`;
+  needs ``envq[conform]``);
 * ``envq conform [options] -- CMD ARGS...`` checks a port of envq through a driver
   (:mod:`envq.conform`; needs ``envq[conform]``);
 * ``envq --version`` prints the installed version.
@@ -17,13 +23,13 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable, Sequence
-from enum import Enum
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final
 
 from envq import __version__
-from envq import _machine as m
 from envq.demo import DemoOptions, run_demo
+from envq.model.specdata import spec_data
 
 __all__ = ["build_parser", "main", "render_spec", "spec_data"]
 
@@ -137,6 +143,40 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="text (default), markdown or json",
     )
+    generated = spec.add_mutually_exclusive_group()
+    generated.add_argument(
+        "--write",
+        action="store_true",
+        help="regenerate specs/ and the generated blocks of docs/ (a source checkout)",
+    )
+    generated.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 and list the generated files that differ from a fresh generation",
+    )
+    spec.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the source checkout (default: the one envq is imported from, else .)",
+    )
+    explore = commands.add_parser(
+        "explore",
+        help="explore every small scope of an abstract queue driven by the tables",
+        description=(
+            "Breadth-first search of every state an abstract queue (a few envelopes, "
+            "a capacity) reaches within DEPTH operations, its moves driven by the "
+            "runtime tables, checking the invariants at every state and edge. Exit code "
+            "1 on a violation or a table entry no scope exercised."
+        ),
+    )
+    explore.add_argument(
+        "--depth", type=_workers, default=12, metavar="N", help="operations per path (12)"
+    )
+    explore.add_argument(
+        "--show", type=int, default=10, metavar="N", help="violations to print per scope (10)"
+    )
     return parser
 
 
@@ -159,8 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     if args.command == "spec":
+        if args.write or args.check:
+            return _generate(args.root, check=args.check)
         sys.stdout.write(render_spec(args.format))
         return 0
+    if args.command == "explore":
+        return _explore(args.depth, args.show)
     parser.print_help(sys.stderr)
     return 2
 
@@ -177,61 +221,49 @@ def _conform(argv: list[str]) -> int:
     return conform_main(argv)
 
 
+def _needs_models(what: str, exc: ImportError) -> int:
+    sys.stderr.write(
+        f"envq {what} needs the conform extra ({exc.name} is missing): "
+        "pip install 'envq[conform]'\n"
+    )
+    return 2
+
+
+def _generate(root: Path | None, *, check: bool) -> int:
+    try:
+        from envq.model import specgen  # noqa: PLC0415 - an extra's
+    except ImportError as exc:
+        return _needs_models("spec --write/--check", exc)
+    root = specgen.default_root() if root is None else root
+    if not (root / "specs").is_dir():
+        sys.stderr.write(f"envq spec: {root} is not a source checkout (no specs/)\n")
+        return 2
+    files = specgen.generate(root)
+    if check:
+        stale = specgen.check(files)
+        for path in stale:
+            print(f"differs: {path.relative_to(root)}")
+        if stale:
+            print("run: python -m envq spec --write")
+        return 1 if stale else 0
+    changed = specgen.write(files) + specgen.write(specgen.svgs(root))
+    for path in changed:
+        print(f"wrote {path.relative_to(root)}")
+    print(f"{len(files)} files up to date" if not changed else f"{len(changed)} file(s) written")
+    return 0
+
+
+def _explore(depth: int, show: int) -> int:
+    try:
+        from envq.model import explore  # noqa: PLC0415 - an extra's
+    except ImportError as exc:
+        return _needs_models("explore", exc)
+    return explore.run(depth=depth, show=show)
+
+
 # ---------------------------------------------------------------------------------------
 # envq spec
 # ---------------------------------------------------------------------------------------
-
-
-def _names(members: Iterable[Enum]) -> list[str]:
-    """Member names in declaration order."""
-    items = list(members)
-    if not items:
-        return []
-    declared = list(type(items[0]))
-    return [member.name for member in sorted(items, key=declared.index)]
-
-
-def spec_data() -> dict[str, Any]:
-    """The runtime tables as JSON-able data.
-
-    ``lifecycle``: one row per (queue state, call) in declaration order, with its
-    ``action``, ``target`` and ``error``, or ``illegal`` for a pair missing from the
-    table. ``outcomes``: one row per (kind, outcome) with ``action``, ``target`` and
-    the ``redirects`` the action may choose instead. ``decision_target``,
-    ``shelve_target`` and ``park_instead`` are those choices. The rows have the shape of
-    ``specs/lifecycle.json`` and ``specs/envelope.json``.
-    """
-    lifecycle: list[dict[str, Any]] = []
-    for state in m.QueueState:
-        for call in m.QueueCall:
-            entry: dict[str, Any] = {"state": state.name, "call": call.name}
-            row = m.LIFECYCLE.get((state, call))
-            if row is None:
-                entry["illegal"] = (state, call) in m.ILLEGAL_LIFECYCLE
-            else:
-                entry["action"] = row.action.name
-                entry["target"] = row.target.name if row.target is not None else None
-                entry["error"] = row.error.__name__ if row.error is not None else None
-            lifecycle.append(entry)
-    outcomes = [
-        {
-            "kind": kind.name,
-            "outcome": outcome.name,
-            "action": orow.action.name,
-            "target": orow.target.name,
-            "redirects": _names(orow.redirects),
-        }
-        for kind in m.Kind
-        for outcome in m.Outcome
-        if (orow := m.OUTCOMES.get((kind, outcome))) is not None
-    ]
-    return {
-        "lifecycle": lifecycle,
-        "outcomes": outcomes,
-        "decision_target": {d.name: t.name for d, t in m.DECISION_TARGET.items()},
-        "shelve_target": {c.name: t.name for c, t in m.SHELVE_TARGET.items()},
-        "park_instead": {s.name: t.name for s, t in m.PARK_INSTEAD.items()},
-    }
 
 
 _LIFE_HEAD: Final = ("state", "call", "action", "next state", "raises")

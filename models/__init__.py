@@ -11,7 +11,7 @@ and tests:
   table (contract §4).
 
 ``tests/test_models.py`` proves them equal to the runtime tables in ``envq._machine``,
-guards included; ``scripts/gen_specs.py`` renders them into ``specs/``. See
+guards included; ``python -m envq spec --write`` renders them into ``specs/``. See
 ``docs/model.md``.
 """
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 import pytest
+from faulty_drivers import FAULTY, DoubleCount, TerminateDropsParked
 
 from envq.conform.harness import Harness, replay
 from envq.conform.oracle import Violation
@@ -30,10 +31,6 @@ from envq.conform.runner import (
 )
 from envq.conform.transport import DriverCrashed, InProcessDriver, ProcessDriver, SharedProcess
 from envq.driver import Session
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from faulty_drivers import FAULTY, DoubleCount, TerminateDropsParked
 
 DRIVER = [sys.executable, "-m", "envq.driver"]
 FAULTY_SCRIPT = str(Path(__file__).resolve().parent / "faulty_drivers.py")

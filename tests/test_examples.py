@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -134,21 +133,10 @@ def test_script_runs(name: str) -> None:
         )
 
 
-def _docs_examples() -> ModuleType:
-    """``tests/test_docs_examples.py``, the runner of the docs' code blocks."""
-    name = "test_docs_examples"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+# The runner of the docs' code blocks (tests/ is on the import path, as for every
+# test module).
+import test_docs_examples as docs_examples  # noqa: E402
 
-
-docs_examples = _docs_examples()
 GUIDE_EXAMPLES = [example for page in GUIDES for example in docs_examples.examples(page)]
 
 

@@ -1,27 +1,24 @@
 """The small-scope explorer finds no violation in the runtime tables, and can find one.
 
-``scripts/explore.py`` walks every state of an abstract queue within a bounded number
-of operations, driven by the tables of ``envq._machine``. These tests run it on the
-real tables (no violation, every table entry exercised) and on deliberately broken
+:mod:`envq.model.explore` (``python -m envq explore``) walks every state of an
+abstract queue within a bounded number of operations, driven by the tables of
+``envq._machine``. These tests run it on the real tables (no violation, every table
+entry exercised) and on deliberately broken
 copies (each one caught, naming the right invariant).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
-
-# models/ is not an installed package: make the repository root importable even when
-# pytest is started by its own script (``python -m pytest`` adds it anyway).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attrs
 import pytest
 
+from envq.__main__ import main
 from envq._machine import (
     CancelCause,
     EnvEvent,
@@ -32,22 +29,12 @@ from envq._machine import (
     Outcome,
     QueueCall,
     QueueState,
+    StopMode,
 )
+from envq.model import explore
 from models.invariants import INVARIANTS
 
-
-def _load_explore() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "scripts" / "explore.py"
-    spec = importlib.util.spec_from_file_location("explore", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["explore"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-explore = _load_explore()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +62,43 @@ class TestRealTables:
         assert explore.uncovered(reports) == []
 
     def test_main_reports_and_exits_zero(self, capsys: pytest.CaptureFixture[str]) -> None:
-        """The script prints the state counts and exits 0."""
-        assert explore.main(["--depth", "8"]) == 0
+        """``envq explore`` prints the state counts and exits 0."""
+        assert main(["explore", "--depth", "8"]) == 0
         out = capsys.readouterr().out
         assert "states explored" in out
         assert "no violations" in out
+        assert out.count("depth=8:") == len(explore.SCOPES)
+
+    def test_a_violation_exits_one(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A broken table makes ``envq explore`` print the violations and exit 1."""
+        broken = attrs.evolve(explore.Tables(), park_instead={})
+        monkeypatch.setattr(explore, "explore", lambda config: _explore(config, broken))
+        assert main(["explore", "--depth", "6", "--show", "1"]) == 1
+        assert "VIOLATIONS FOUND" in capsys.readouterr().out
+
+    def test_as_a_command(self) -> None:
+        """``python -m envq explore`` runs as a command."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "envq", "explore", "--depth", "4"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+            timeout=120,
+        )
+        assert "states explored" in proc.stdout, proc.stderr
+        # at depth 4 some table entries are not reached: the exit status says so
+        assert proc.returncode == 1
+        assert "not exercised" in proc.stdout
 
     def test_invariant_ids_are_the_documented_ones(self) -> None:
         """The explorer reports with the ids of models/invariants.py."""
         assert [i.id for i in INVARIANTS] == [f"I{n}" for n in range(1, 9)]
+
+
+_explore = explore.explore
 
 
 def _with(mapping: Any, key: Any, value: Any) -> dict[Any, Any]:
@@ -155,6 +170,28 @@ BROKEN: dict[str, tuple[Callable[[Any], Any], set[str]]] = {
         ),
         {"I7"},
     ),
+    # A DRAIN stop that does not park DELAYED envelopes: they wait in a stopping queue.
+    "a drain stop parks nothing": (
+        lambda t: attrs.evolve(t, stop_parks={**t.stop_parks, StopMode.DRAIN: frozenset()}),
+        {"I6"},
+    ),
+    # A STOP stop that leaves READY envelopes to be dispatched.
+    "a stop stop parks only delayed": (
+        lambda t: attrs.evolve(
+            t, stop_parks={**t.stop_parks, StopMode.STOP: frozenset({EnvState.DELAYED})}
+        ),
+        {"I6"},
+    ),
+    # A limited retry that goes straight to RUNNING.
+    "a limited retry runs": (
+        lambda t: attrs.evolve(t, limited={EnvState.READY: EnvState.RUNNING}),
+        {"I3", "I7"},
+    ),
+    # Arming that sends a delayed envelope back to the buffer.
+    "arming buffers": (
+        lambda t: attrs.evolve(t, armed={False: EnvState.READY, True: EnvState.BUFFERED}),
+        {"I6", "I7"},
+    ),
     # The relation forgets that a READY envelope can be dispatched.
     "no dispatch move": (
         lambda t: attrs.evolve(t, moves=_with(t.moves, (EnvState.READY, EnvEvent.DISPATCH), None)),
@@ -173,6 +210,15 @@ class TestBrokenTables:
         report = explore.explore(explore.Config(), mutate(explore.Tables()))
         found = {v.invariant for v in report.violations}
         assert expected <= found, (name, found)
+
+    def test_typeless_stop_type_is_a_stop(self) -> None:
+        """A StopType on an envelope without a type must end it (``TYPELESS``); mapped to
+        a plain error instead, the periodic envelope runs again after its StopType."""
+        config = explore.Config(types=("a", ""))
+        assert explore.explore(config).violations == ()
+        broken = attrs.evolve(explore.Tables(), typeless={Outcome.STOP_TYPE: Outcome.ERROR})
+        found = {v.invariant for v in explore.explore(config, broken).violations}
+        assert "I4" in found, found
 
     def test_violation_carries_a_trace(self) -> None:
         """A violation names the operations that lead to it, from the initial state."""

@@ -10,14 +10,8 @@ shows that the comparisons catch a changed runtime row.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-# models/ is not an installed package: make the repository root importable even when
-# pytest is started by its own script (``python -m pytest`` adds it anyway).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attrs
 import pytest

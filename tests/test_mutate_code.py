@@ -6,14 +6,11 @@ them. No mutant is run here (that is ``python scripts/mutate_code.py``)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-# scripts/ is not a package: its scripts import each other as top-level modules.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import mutate_code
 import pytest
+
+from scripts import mutate_code
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = mutate_code.MUTANTS

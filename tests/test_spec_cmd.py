@@ -53,6 +53,7 @@ class TestJson:
                 m.Action[r["action"]],
                 m.EnvState[r["target"]],
                 frozenset(m.EnvState[s] for s in r["redirects"]),
+                limited=r["limited"],
             )
             for r in data["outcomes"]
         }
@@ -131,3 +132,43 @@ class TestText:
         )
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout) == spec_data()
+
+
+class TestWithoutTheModels:
+    """``envq spec`` needs only the engine; the generators say what they miss."""
+
+    @staticmethod
+    def _run(*args: str) -> subprocess.CompletedProcess[str]:
+        code = (
+            "import sys; sys.modules['statemachine'] = None; "
+            "from envq.__main__ import main; sys.exit(main(sys.argv[1:]))"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+            timeout=60,
+        )
+
+    def test_spec_prints_without_python_statemachine(self) -> None:
+        proc = self._run("spec", "--format", "json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == spec_data()
+
+    @pytest.mark.parametrize("args", [("spec", "--check"), ("explore",)])
+    def test_the_generators_need_the_conform_extra(self, args: tuple[str, ...]) -> None:
+        proc = self._run(*args)
+        assert proc.returncode == 2
+        assert "needs the conform extra (statemachine is missing)" in proc.stderr
+
+
+def test_queue_moves_equal_the_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every queue-side row of ``QUEUE_MOVES`` is printed with its guard and targets."""
+    rows = {(r["state"], r["event"]): r for r in spec_json(capsys)["queue_moves"]}
+    assert set(rows) == {(s.name, e.name) for s, e in m.QUEUE_MOVES}
+    for (state, event), row in m.QUEUE_MOVES.items():
+        printed = rows[(state.name, event.name)]
+        assert printed["guard"] == row.guard.name
+        assert sorted(printed["targets"].values()) == sorted(t.name for t in row.targets.values())

@@ -21,6 +21,14 @@ rows it exercised (:class:`Coverage`) for the conformance report.
 
 Times are model seconds; ``tolerance`` widens every timing check for a port on the
 real clock.
+
+Which states and moves the oracle allows — :data:`LIVE`, :data:`CALL_MOVES`,
+:data:`DRAINED_MOVE`, :data:`ALLOWED_LIVE`, :func:`infer_event` — is derived from the
+tables of :mod:`envq._machine`, and where a move goes from the models. Its time
+arithmetic is its own, on purpose: the next run on the schedule grid
+(:func:`_next_run`) and the retry backoff (in :func:`expected_target`) are computed here
+from the contract's formulas, independently of the engine's ``envq._timers`` and
+``envq._attempt``, so that a wrong delay in the engine is caught rather than copied.
 """
 
 from __future__ import annotations
@@ -34,8 +42,11 @@ from typing import Any, Final
 import attrs
 
 from envq._machine import (
+    ARMED,
     ENVELOPE_MOVES,
     LIFECYCLE,
+    LIVE_STATES,
+    STOP_PARKS,
     TERMINAL_STATES,
     CancelCause,
     DecisionKind,
@@ -76,32 +87,68 @@ ES = EnvState
 QS = QueueState
 O = Outcome  # noqa: E741 - short alias like ES/QS
 
-LIVE: Final = (ES.BUFFERED, ES.READY, ES.DELAYED, ES.RUNNING, ES.PARKED)
+#: The live states (they count against capacity), in declaration order.
+LIVE: Final = tuple(state for state in ES if state in LIVE_STATES)
+#: The public calls a driver reports the queue moves of.
+_CALLS: Final = (QueueCall.SEND, QueueCall.START, QueueCall.STOP, QueueCall.TERMINATE)
+
+
+def _call_moves(call: QueueCall) -> frozenset[tuple[QueueState, QueueState]]:
+    """The queue moves ``call`` makes itself, by its lifecycle rows. A terminate that
+    must stop first makes the stop row's move, and one that finds a stop under way makes
+    none: the rest of their way is the stop draining (:data:`DRAINED_MOVE`) and the
+    hand-back of the STOPPED row."""
+    moves = set()
+    for (state, c), row in LIFECYCLE.items():
+        if c is not call or row.target is None:
+            continue
+        to: QueueState | None = row.target
+        if row.action is LifeAction.STOP_THEN_TERMINATE:
+            to = LIFECYCLE[(state, QueueCall.STOP)].target
+        elif row.action is LifeAction.ESCALATE_THEN_TERMINATE:
+            to = state
+        if to is not None and to is not state:
+            moves.add((state, to))
+    return frozenset(moves)
+
+
 #: Queue moves each call may cause; STOPPING → STOPPED (the stop drained) may happen at
 #: any time.
 CALL_MOVES: Final[Mapping[QueueCall | None, frozenset[tuple[QueueState, QueueState]]]] = {
     None: frozenset(),
-    QueueCall.SEND: frozenset(),
-    QueueCall.START: frozenset({(QS.INIT, QS.RUNNING), (QS.STOPPED, QS.RUNNING)}),
-    QueueCall.STOP: frozenset({(QS.RUNNING, QS.STOPPING)}),
-    QueueCall.TERMINATE: frozenset(
-        {
-            (QS.INIT, QS.TERMINATED),
-            (QS.RUNNING, QS.STOPPING),
-            (QS.STOPPED, QS.TERMINATED),
-        }
-    ),
+    **{call: _call_moves(call) for call in _CALLS},
 }
-DRAINED_MOVE: Final = (QS.STOPPING, QS.STOPPED)
+DRAINED_MOVE: Final = next(
+    (state, row.target)
+    for (state, call), row in LIFECYCLE.items()
+    if call is QueueCall.DRAINED and row.target is not None
+)
+
+
+def _allowed_live() -> dict[QueueState, frozenset[EnvState]]:
+    """The live states each queue state may hold, from the tables: before the start
+    what a send buffers; while running what arming makes (``ARMED``) and a dispatch;
+    while stopping the same less what every stop parks (``STOP_PARKS``), plus parked;
+    once stopped only parked; nothing once terminated."""
+    armed = frozenset(ARMED.values())
+    buffered = ENVELOPE_MOVES[(ES.NEW, EnvEvent.SEND)] - armed
+    running = armed | ENVELOPE_MOVES[(ES.READY, EnvEvent.DISPATCH)]
+    parked = frozenset().union(
+        *(ENVELOPE_MOVES[(state, EnvEvent.STOP)] for mode in StopMode for state in STOP_PARKS[mode])
+    )
+    always_parked = frozenset.intersection(*STOP_PARKS.values())
+    return {
+        QS.INIT: buffered,
+        QS.RUNNING: running,
+        QS.STOPPING: (running - always_parked) | parked,
+        QS.STOPPED: parked,
+        QS.TERMINATED: frozenset(),
+    }
+
+
 #: Live states each queue state allows (invariant I6); READY while STOPPING only under
-#: DRAIN.
-ALLOWED_LIVE: Final[Mapping[QueueState, frozenset[EnvState]]] = {
-    QS.INIT: frozenset({ES.BUFFERED}),
-    QS.RUNNING: frozenset({ES.READY, ES.DELAYED, ES.RUNNING}),
-    QS.STOPPING: frozenset({ES.READY, ES.RUNNING, ES.PARKED}),
-    QS.STOPPED: frozenset({ES.PARKED}),
-    QS.TERMINATED: frozenset(),
-}
+#: DRAIN (a STOP stop parks it: ``STOP_PARKS``).
+ALLOWED_LIVE: Final[Mapping[QueueState, frozenset[EnvState]]] = _allowed_live()
 _LIFE_MODEL: Final = lifecycle_moves()
 
 
@@ -274,22 +321,17 @@ def expected_outcome(
 
 
 def infer_event(frm: EnvState, to: EnvState) -> EnvEvent | None:
-    """The queue-side event behind an envelope move that carries no outcome."""
-    if frm is ES.NEW:
-        return EnvEvent.SEND
-    if to is ES.STOPPED:
-        return EnvEvent.BLACKLIST
-    if frm in (ES.BUFFERED, ES.PARKED) and to in (ES.READY, ES.DELAYED):
-        return EnvEvent.START
-    if (frm, to) == (ES.DELAYED, ES.READY):
-        return EnvEvent.DUE
-    if (frm, to) == (ES.READY, ES.RUNNING):
-        return EnvEvent.DISPATCH
-    if frm in (ES.READY, ES.DELAYED) and to is ES.PARKED:
-        return EnvEvent.STOP
-    if frm in (ES.BUFFERED, ES.PARKED) and to is ES.RETURNED:
-        return EnvEvent.TERMINATE
-    return None
+    """The queue-side event behind an envelope move that carries no outcome: the one
+    :class:`EnvEvent` whose ``ENVELOPE_MOVES`` row leads ``frm`` to ``to`` (None: no
+    queue-side event makes that move)."""
+    events = [
+        event
+        for (state, event), targets in ENVELOPE_MOVES.items()
+        if state is frm and isinstance(event, EnvEvent) and to in targets
+    ]
+    if len(events) > 1:
+        raise AssertionError(f"ENVELOPE_MOVES: {frm} -> {to} by more than one event {events}")
+    return events[0] if events else None
 
 
 # ---------------------------------------------------------------------------------------

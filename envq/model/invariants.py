@@ -1,10 +1,10 @@
 """The invariants envq keeps, stated precisely: lifecycle, outcomes, capacity, events.
 
 Each :class:`Invariant` has a stable id (``I1`` …) used by the checkers:
-``scripts/explore.py`` checks every one of them on an abstract model driven by the
-runtime tables, over every reachable state of a small scope; the runtime property tests
-check them on the real queue after every step. ``scripts/gen_specs.py`` renders this
-list into ``specs/invariants.md``.
+:mod:`envq.model.explore` (``python -m envq explore``) checks every one of them on an
+abstract model driven by the runtime tables, over every reachable state of a small
+scope; the runtime property tests check them on the real queue after every step.
+``python -m envq spec --write`` renders this list into ``specs/invariants.md``.
 
 Terms: an envelope is *admitted* from the moment ``send()`` buffers or admits it; one
 *stay* runs from that moment to the terminal state (a terminal envelope may be sent

@@ -7,42 +7,39 @@ user or the clock can perform is an edge: ``start``, ``stop(mode, cancel)``,
 with each outcome (and, for failures, each decision), and the internal ``drained`` and
 ``abandon`` (a worker cancelled from outside). A breadth-first search with
 memoisation on the abstract state visits every state reachable within a bounded number
-of operations and checks the invariants of ``models/invariants.py`` at every state and
-on every edge.
+of operations and checks the invariants of :mod:`envq.model.invariants` at every state
+and on every edge.
 
 The explorer is not the runtime: it is a plain-Python abstract model that *drives* its
 moves by the runtime tables (``envq._machine``), as the engine does — the lifecycle
 action and target from ``LIFECYCLE``, the attempt's action and target from
-``OUTCOMES`` with ``DECISION_TARGET``, ``SHELVE_TARGET`` and ``PARK_INSTEAD`` — and
+``OUTCOMES`` with ``DECISION_TARGET``, ``SHELVE_TARGET``, ``LIMITED`` and
+``PARK_INSTEAD``, what a stop parks from ``STOP_PARKS``, how an envelope is armed from
+``ARMED``, a typeless envelope's outcome from ``TYPELESS`` — and
 checks every move against ``ENVELOPE_MOVES`` and against the python-statemachine
 models. What the explorer decides on its own, from the contract, is which queue-side
 event applies to which envelope and how capacity is accounted (by action, not by
 target), so a table row that contradicts its action or the contract shows up as a
 violation. The live states and the ones each lifecycle state may hold (invariant I6)
-are the oracle's (``envq.conform.oracle``: ``LIVE``, ``ALLOWED_LIVE``), the stop modes
-envq's own.
+are the oracle's (``envq.conform.oracle``: ``LIVE``, ``ALLOWED_LIVE``, both derived from
+the tables), the stop modes envq's own.
 
 Usage::
 
-    python scripts/explore.py [--depth 12] [--show 5]
+    python -m envq explore [--depth 12] [--show 5]
 
 It prints the number of states explored per scope and every violation (with the
-shortest trace to it), and exits non-zero if there is one.
+shortest trace to it), and exits non-zero if there is one (:func:`run`).
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import sys
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Final, NamedTuple, assert_never
 
 import attrs
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envq import _machine as machine
 from envq._machine import (
@@ -61,8 +58,8 @@ from envq._machine import (
     StopMode,
 )
 from envq.conform.oracle import ALLOWED_LIVE, LIVE
-from models.lifecycle import REJECTED
-from models.tables import envelope_moves, lifecycle_moves
+from envq.model.lifecycle import REJECTED
+from envq.model.tables import envelope_moves, lifecycle_moves
 
 __all__ = [
     "SCOPES",
@@ -72,7 +69,7 @@ __all__ = [
     "Tables",
     "Violation",
     "explore",
-    "main",
+    "run",
     "uncovered",
 ]
 
@@ -92,6 +89,10 @@ class Tables:
     decision_target: Mapping[DecisionKind, EnvState] = machine.DECISION_TARGET
     shelve_target: Mapping[CancelCause, EnvState] = machine.SHELVE_TARGET
     park_instead: Mapping[EnvState, EnvState] = machine.PARK_INSTEAD
+    limited: Mapping[EnvState, EnvState] = machine.LIMITED
+    armed: Mapping[bool, EnvState] = machine.ARMED
+    stop_parks: Mapping[StopMode, frozenset[EnvState]] = machine.STOP_PARKS
+    typeless: Mapping[Outcome, Outcome] = machine.TYPELESS
 
 
 @attrs.frozen
@@ -307,10 +308,9 @@ class _Step:
     def begin_stop(self, mode: StopMode, cause: CancelCause | None) -> None:
         """Park what the mode parks; ask in-flight attempts to cancel if ``cause``."""
         self.mode = mode
+        parks = self.tables.stop_parks[mode]
         for i, env in enumerate(self.envs):
-            if env.state is EnvState.DELAYED or (
-                env.state is EnvState.READY and mode is StopMode.STOP
-            ):
+            if env.state in parks:
                 self.move(i, EnvEvent.STOP, EnvState.PARKED)
             elif env.state is EnvState.RUNNING and cause is not None:
                 self.envs[i] = env._replace(cancel=cause)
@@ -331,13 +331,19 @@ class _Step:
 
     # -- the end of an attempt (the worker) --------------------------------------------
 
-    def end(self, i: int, outcome: Outcome, decision: DecisionKind | None) -> None:
-        """The attempt of envelope ``i`` ended: look the row up, perform its action."""
+    def end(
+        self, i: int, outcome: Outcome, decision: DecisionKind | None, limited: bool = False
+    ) -> None:
+        """The attempt of envelope ``i`` ended: look the row up, perform its action
+        (``limited``: the failure limiter asks a retry to wait)."""
         env = self.envs[i]
         kind = self.config.kinds[i]
         type_ = self.config.types[i]
         if type_ and type_ in self.blacklist:
             kind = Kind.BLACKLISTED
+        raised = outcome
+        if not type_:
+            outcome = self.tables.typeless.get(outcome, outcome)
         row = self.tables.outcomes.get((kind, outcome))
         self.covered.add(("outcome", kind, outcome))
         if row is None:
@@ -367,6 +373,8 @@ class _Step:
                 releases = env.cancel is CancelCause.TERMINATE
             case _ as unreachable:
                 assert_never(unreachable)
+        if limited and not releases:
+            target = t.limited.get(target, target)
         if not releases and self.queue is not QueueState.RUNNING:
             target = t.park_instead.get(target, target)
         if target not in {row.target, *row.redirects}:
@@ -375,7 +383,7 @@ class _Step:
                 f"e{i}: ({kind.name}, {outcome.name}) chose {target.name}, "
                 "outside the row's target and redirects",
             )
-        stopped = outcome in (Outcome.STOP, Outcome.STOP_TYPE) or kind is Kind.BLACKLISTED
+        stopped = raised in (Outcome.STOP, Outcome.STOP_TYPE) or kind is Kind.BLACKLISTED
         self.envs[i] = env._replace(
             in_flight=env.in_flight - 1, cancel=None, stopped=env.stopped or stopped
         )
@@ -407,11 +415,15 @@ class _Step:
 
 
 _ARMABLE: Final = frozenset({EnvState.BUFFERED, EnvState.PARKED})
-_ARMED: Final = (EnvState.READY, EnvState.DELAYED)
 _MODEL_MOVES: Final = envelope_moves()
 _MODEL_LIFE: Final = lifecycle_moves()
 _STOPS: Final = ((StopMode.DRAIN, False), (StopMode.STOP, False), (StopMode.STOP, True))
-_DECISIONS: Final = (None, *DecisionKind)
+#: The failure decisions an attempt's end may take, and whether the limiter asks the
+#: retry to wait (only a retry can be limited).
+_DECISIONS: Final = (
+    *((d, False) for d in (None, *DecisionKind)),
+    *((d, True) for d in (DecisionKind.RETRY_NOW, DecisionKind.RETRY_AFTER)),
+)
 
 
 def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]:
@@ -421,12 +433,13 @@ def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]
         return _Step(world, tables, config, label)
 
     n = len(world.envs)
+    armed = tuple(dict.fromkeys(tables.armed.values()))
     # start()
     row = tables.lifecycle.get((world.queue, QueueCall.START))
     arms = sum(e.state in _ARMABLE for e in world.envs)
     if row is None or row.action is not LifeAction.ARM:
         arms = 0
-    for choices in itertools.product(_ARMED, repeat=arms):
+    for choices in itertools.product(armed, repeat=arms):
         s = step("start" + "".join(f"[{c.name}]" for c in choices))
         if (r := s.row(QueueCall.START)) is not None:
             s.perform(QueueCall.START, r, choices=choices)
@@ -440,7 +453,7 @@ def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]
         if send_row is not None and send_row.action is LifeAction.BUFFER:
             options = [(EnvState.BUFFERED,) * len(fresh)]
         elif send_row is not None and send_row.action is LifeAction.ADMIT:
-            options = list(itertools.product(_ARMED, repeat=len(fresh)))
+            options = list(itertools.product(armed, repeat=len(fresh)))
         for choices in options:
             label = f"send({', '.join(f'e{i}' for i in batch)})"
             s = step(label + "".join(f"[{c.name}]" for c in choices))
@@ -466,19 +479,17 @@ def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]
         if (r := s.row(QueueCall.ABANDON)) is not None:
             s.perform(QueueCall.ABANDON, r, mode=StopMode.STOP, cancel=True)
         yield s
-    # drained: a stop under way has nothing left to wait for
-    if world.queue is QueueState.STOPPING and not any(
-        e.state is EnvState.RUNNING or (e.state is EnvState.READY and world.mode is StopMode.DRAIN)
-        for e in world.envs
-    ):
+    # drained: a stop under way has nothing left to wait for (attempts in flight, and
+    # ready envelopes its mode does not park)
+    parks = tables.stop_parks[world.mode] if world.mode is not None else frozenset()
+    waits_for = {EnvState.RUNNING} | ({EnvState.READY} - parks)
+    if world.queue is QueueState.STOPPING and not any(e.state in waits_for for e in world.envs):
         s = step("drained")
         if (r := s.row(QueueCall.DRAINED)) is not None:
             s.perform(QueueCall.DRAINED, r)
         yield s
     # the envelopes
-    dispatching = world.queue is QueueState.RUNNING or (
-        world.queue is QueueState.STOPPING and world.mode is StopMode.DRAIN
-    )
+    dispatching = world.queue in machine.DISPATCHING and EnvState.READY not in parks
     for i, env in enumerate(world.envs):
         if env.state is EnvState.READY and dispatching:
             s = step(f"dispatch(e{i})")
@@ -492,16 +503,20 @@ def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]
             for outcome in Outcome:
                 if outcome is Outcome.CANCELLED and env.cancel is None:
                     continue
-                decisions = _DECISIONS if outcome in (Outcome.ERROR, Outcome.TIMEOUT) else (None,)
-                for decision in decisions:
+                failed = outcome in (Outcome.ERROR, Outcome.TIMEOUT)
+                for decision, limited in _DECISIONS if failed else ((None, False),):
                     how = f", {decision.name}" if decision is not None else ""
+                    how += ", limited" if limited else ""
                     s = step(f"end(e{i}, {outcome.name}{how})")
-                    s.end(i, outcome, decision)
+                    s.end(i, outcome, decision, limited)
                     yield s
 
 
 def check(world: World, config: Config) -> list[tuple[str, str]]:
-    """The invariants that hold at a state (I1, I3–I6); edges are checked as they run."""
+    """The invariants that hold at a state (I1, I3–I6); edges are checked as they run.
+
+    What each queue state may hold is the oracle's, from the runtime tables (not from
+    the copy being explored, which may be broken on purpose)."""
     problems: list[tuple[str, str]] = []
     live = [e for e in world.envs if e.state in LIVE]
     if world.used != len(live):
@@ -509,8 +524,8 @@ def check(world: World, config: Config) -> list[tuple[str, str]]:
     if config.capacity and world.used > config.capacity:
         problems.append(("I1", f"capacity_used={world.used} > capacity={config.capacity}"))
     allowed = ALLOWED_LIVE[world.queue]
-    if world.queue is QueueState.STOPPING and world.mode is not StopMode.DRAIN:
-        allowed = allowed - {EnvState.READY}
+    if world.queue is QueueState.STOPPING and world.mode is not None:
+        allowed = allowed - machine.STOP_PARKS[world.mode]
     if (world.mode is not None) != (world.queue is QueueState.STOPPING):
         problems.append(("I6", f"stop mode {world.mode} while {world.queue.name}"))
     for i, e in enumerate(world.envs):
@@ -673,17 +688,15 @@ SCOPES: Final[tuple[Config, ...]] = (
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Explore every scope of :data:`SCOPES`; print counts and violations."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--depth", type=int, default=12, help="operations per path (12)")
-    parser.add_argument("--show", type=int, default=10, help="violations to print per scope")
-    args = parser.parse_args(argv)
+def run(depth: int = 12, show: int = 10) -> int:
+    """Explore every scope of :data:`SCOPES` to ``depth`` operations; print the counts,
+    up to ``show`` violations per scope and the table entries no scope exercised.
+    Return the exit status: 1 on a violation or an entry not exercised, else 0."""
     total = 0
     failed = False
     results: list[Report] = []
     for scope in SCOPES:
-        config = attrs.evolve(scope, depth=args.depth)
+        config = attrs.evolve(scope, depth=depth)
         result = explore(config)
         results.append(result)
         total += result.states
@@ -693,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"depth={config.depth}: {result.states} states, {result.edges} edges, "
             f"{result.frontier} at the depth bound, {len(result.violations)} violations"
         )
-        for violation in result.violations[: args.show]:
+        for violation in result.violations[:show]:
             print(f"  {violation}")
         failed = failed or bool(result.violations)
     missing = uncovered(results)
@@ -704,7 +717,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'VIOLATIONS FOUND' if failed else 'no violations'}"
     )
     return 1 if failed or missing else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,51 +1,50 @@
-"""Fill the generated blocks of ``docs/tables.md`` from ``specs/``.
+"""The generated tables of the documentation, rendered from ``specs/``.
 
-Usage::
-
-    python scripts/gen_docs_tables.py          # rewrite docs/tables.md's generated blocks
-    python scripts/gen_docs_tables.py --check  # exit 1 if the page differs from specs/
-
-The page keeps its hand-written prose; each block between
+Three pages keep hand-written prose around generated blocks: each block between
 ``<!-- gen_docs_tables: NAME -->`` and ``<!-- /gen_docs_tables -->`` is replaced with
 the Markdown rendering of ``specs/lifecycle.json``, ``specs/envelope.json`` or a
-``specs/*.mmd`` diagram (see :data:`BLOCKS`). ``specs/`` itself is generated from the
-runtime tables and the models by ``scripts/gen_specs.py``, so the chain is
-``envq/_machine.py`` + ``models/`` → ``specs/`` → ``docs/tables.md``, and
-``tests/test_specs.py`` and ``tests/test_docs_tables.py`` fail when a link is stale.
+``specs/*.mmd`` diagram (see :data:`BLOCKS`; :data:`PAGES` says which page has which
+blocks):
+
+* ``docs/tables.md`` — every table and diagram, as the engine runs them;
+* ``docs/lifecycle.md`` — the guide's table of what each call does in each state;
+* ``docs/outcomes.md`` — the guide's outcome table.
+
+``specs/`` itself is generated from the runtime tables and the models
+(:mod:`envq.model.specgen`), so the chain is ``envq/_machine.py`` + ``envq/model/`` →
+``specs/`` → ``docs/``; ``python -m envq spec --write`` regenerates all of it and
+``--check`` fails when a link is stale.
 
 Only the short meaning of each action name (:data:`LIFE_ACTIONS`,
-:data:`OUTCOME_ACTIONS`) is written here by hand; an action that appears in
-``specs/`` without one (or a meaning for an action that no longer exists) is an error,
-so the legend cannot drift either.
+:data:`OUTCOME_ACTIONS`, and the guide's wording :data:`GUIDE_LIFE`,
+:data:`GUIDE_OUTCOMES`) is written here by hand; an action that appears in ``specs/``
+without one (or a meaning for an action that no longer exists) is an error, so the
+legends cannot drift either. This module needs no python-statemachine.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
     "BLOCKS",
+    "GUIDE_LIFE",
+    "GUIDE_OUTCOMES",
     "LIFE_ACTIONS",
     "OUTCOME_ACTIONS",
-    "PAGE",
-    "ROOT",
-    "SPECS",
+    "PAGES",
     "Specs",
     "generate",
+    "guide_lifecycle_table",
+    "guide_outcome_table",
     "load_specs",
-    "main",
     "render",
 ]
 
-ROOT: Final = Path(__file__).resolve().parents[1]
-SPECS: Final = ROOT / "specs"
-PAGE: Final = ROOT / "docs" / "tables.md"
 _BLOCK: Final = re.compile(
     r"(?P<open><!-- gen_docs_tables: (?P<name>[\w.-]+) -->\n)"
     r".*?(?P<close><!-- /gen_docs_tables -->)",
@@ -92,14 +91,21 @@ class Specs:
         #: ``specs/*.mmd`` by file name.
         self.diagrams: Final = diagrams
 
+    @classmethod
+    def parse(cls, files: Mapping[str, str]) -> Specs:
+        """From the text of the spec files, by name (``lifecycle.json``,
+        ``envelope.json``, ``*.mmd``)."""
+        return cls(
+            json.loads(files["lifecycle.json"]),
+            json.loads(files["envelope.json"]),
+            {name: text for name, text in sorted(files.items()) if name.endswith(".mmd")},
+        )
 
-def load_specs(specs: Path = SPECS) -> Specs:
+
+def load_specs(specs: Path) -> Specs:
     """Read ``lifecycle.json``, ``envelope.json`` and every ``*.mmd`` of ``specs``."""
-    return Specs(
-        json.loads((specs / "lifecycle.json").read_text(encoding="utf-8")),
-        json.loads((specs / "envelope.json").read_text(encoding="utf-8")),
-        {p.name: p.read_text(encoding="utf-8") for p in sorted(specs.glob("*.mmd"))},
-    )
+    names = ["lifecycle.json", "envelope.json", *(p.name for p in specs.glob("*.mmd"))]
+    return Specs.parse({name: (specs / name).read_text(encoding="utf-8") for name in names})
 
 
 # ---------------------------------------------------------------------------------------
@@ -129,7 +135,7 @@ def _legend(used: Iterable[str], meanings: Mapping[str, str], what: str) -> str:
     if missing or unused:
         raise ValueError(
             f"{what} legend out of step with specs/: undescribed {missing}, stale {unused} "
-            "(edit scripts/gen_docs_tables.py)"
+            "(edit envq/model/doctables.py)"
         )
     return _table(["action", "what it does"], [(_code(a), meanings[a]) for a in order])
 
@@ -261,6 +267,138 @@ def model_transitions(specs: Specs) -> str:
     )
 
 
+#: The guide's wording of each lifecycle action in a public call's cell
+#: (``docs/lifecycle.md``): ``{target}`` is the row's next state, ``{error}`` its error,
+#: ``{drained}`` where a stop ends.
+GUIDE_LIFE: Final[Mapping[str, str]] = {
+    "NOTHING": "no-op",
+    "REJECT": "raises `{error}`",
+    "BUFFER": "buffered (capacity reserved)",
+    "ADMIT": "admitted",
+    "ARM": "→ {target}; buffered or parked envelopes become ready (or delayed)",
+    "BEGIN_STOP": "→ {target} → {drained}",
+    "AWAIT_STOP": "waits for the stop under way",
+    "STOP_THEN_TERMINATE": "as `stop(mode=STOP, cancel=True)`, then → {target}",
+    "ESCALATE_THEN_TERMINATE": (
+        "cancels what is in flight, waits for the stop to end, then as from {drained}"
+    ),
+    "HAND_BACK": "→ {target}; returns the envelopes it holds",
+}
+
+#: The public calls of the guide's lifecycle table and their column headings.
+GUIDE_CALLS: Final[Mapping[str, str]] = {
+    "START": "`start()`",
+    "SEND": "`send(...)`",
+    "STOP": "`await stop()`",
+    "TERMINATE": "`await terminate()`",
+}
+
+#: The guide's wording of each outcome-table action (``docs/outcomes.md``).
+GUIDE_OUTCOMES: Final[Mapping[str, str]] = {
+    "SUCCEED": "`on_success`",
+    "RESCHEDULE": "`on_success`; next run after `interval`",
+    "DECIDE": "**decide** (below)",
+    "DECIDE_PERIODIC": "`on_failure` decides if set; else next run after `interval`",
+    "REPORT_FAILURE": "`on_failure` is called to report (its decision is ignored)",
+    "END": "no reschedule, ever",
+    "BLACKLIST": "the envelope's `type` is [blacklisted](#blacklisting); no reschedule, ever",
+    "SHELVE": "parked by `stop(cancel=True)`, handed back by `terminate()`",
+}
+
+#: How the guide names each kind of the outcome table.
+GUIDE_KINDS: Final[Mapping[str, str]] = {
+    "ONE_OFF": "one-off",
+    "PERIODIC": "periodic",
+    "BLACKLISTED": "type blacklisted during the attempt",
+}
+
+
+def _wording(used: Iterable[str], wording: Mapping[str, str], what: str) -> None:
+    """Every action ``used`` has a wording, and every wording is used."""
+    order = list(dict.fromkeys(used))
+    missing = [a for a in order if a not in wording]
+    unused = [a for a in wording if a not in order]
+    if missing or unused:
+        raise ValueError(
+            f"{what} wording out of step with specs/: undescribed {missing}, stale {unused} "
+            "(edit envq/model/doctables.py)"
+        )
+
+
+def guide_lifecycle_table(specs: Specs) -> str:
+    """State × public call, each cell what the call does in the guide's words."""
+    life = specs.lifecycle
+    rows = {(r["state"], r["call"]): r for r in life["rows"]}
+    calls = [c for c in life["calls"] if c in GUIDE_CALLS]
+    if len(calls) != len(GUIDE_CALLS):
+        raise ValueError(f"guide calls {sorted(GUIDE_CALLS)} not all in specs/ {calls}")
+    used = (rows.get((s, c), {}).get("action") for s in life["states"] for c in calls)
+    _wording(
+        (action for action in used if action is not None),
+        GUIDE_LIFE,
+        "guide lifecycle",
+    )
+    drained = [r["target"] for r in life["rows"] if r["call"] == "DRAINED" and "action" in r]
+    body = []
+    for state in life["states"]:
+        cells = [state]
+        for call in calls:
+            row = rows.get((state, call), {})
+            if "action" not in row:
+                cells.append("cannot happen")
+                continue
+            cells.append(
+                GUIDE_LIFE[row["action"]].format(
+                    target=row["target"], error=row["error"], drained=", ".join(drained)
+                )
+            )
+        body.append(cells)
+    return _table(["state \\ call", *(GUIDE_CALLS[c] for c in calls)], body)
+
+
+def guide_outcome_table(specs: Specs) -> str:
+    """Kind, outcomes, what happens and the next states, outcomes with the same row
+    merged into one line (and one-off and periodic rows that agree into ``any``)."""
+    env = specs.envelope
+    kinds: list[str] = env["kinds"]
+    outcomes: list[str] = env["events"]["outcomes"]
+    _wording((r["action"] for r in env["outcomes"]), GUIDE_OUTCOMES, "guide outcome")
+    unnamed = [k for k in kinds if k not in GUIDE_KINDS]
+    if unnamed:
+        raise ValueError(f"no guide name for kind(s) {unnamed} (edit envq/model/doctables.py)")
+    rows = {(r["kind"], r["outcome"]): r for r in env["outcomes"]}
+
+    def same(row: Mapping[str, Any]) -> tuple[str, str, tuple[str, ...]]:
+        return row["action"], row["target"], tuple(row["redirects"])
+
+    pair = ("ONE_OFF", "PERIODIC")
+    groups: dict[tuple[str, tuple[str, str, tuple[str, ...]]], list[str]] = {}
+    for kind in kinds:
+        for outcome in outcomes:
+            row = rows.get((kind, outcome))
+            if row is None:
+                continue
+            label = kind
+            if kind in pair:
+                other = rows.get((pair[1] if kind == pair[0] else pair[0], outcome))
+                if other is not None and same(other) == same(row):
+                    if kind == pair[1]:
+                        continue  # merged into the ONE_OFF row's "any" line
+                    label = "any"
+            groups.setdefault((label, same(row)), []).append(outcome)
+    order = [*(k for k in kinds if k in pair), "any", *(k for k in kinds if k not in pair)]
+    body = []
+    for label in order:
+        for (group, (action, target, redirects)), outs in groups.items():
+            if group != label:
+                continue
+            named = "any" if len(outs) == len(outcomes) else ", ".join(_code(o) for o in outs)
+            states = target + (f" (or {' / '.join(redirects)})" if redirects else "")
+            kind_name = "one-off or periodic" if label == "any" else GUIDE_KINDS[label]
+            body.append((kind_name, named, GUIDE_OUTCOMES[action], states))
+    return _table(["kind", "outcome", "action", "next state"], body)
+
+
 def _mermaid(name: str) -> Callable[[Specs], str]:
     def block(specs: Specs) -> str:
         return f"```mermaid\n{specs.diagrams[name]}```\n"
@@ -282,19 +420,29 @@ BLOCKS: Final[Mapping[str, Callable[[Specs], str]]] = {
     "choice-maps": choice_maps,
     "envelope-moves": envelope_moves,
     "model-transitions": model_transitions,
+    "guide-lifecycle-table": guide_lifecycle_table,
+    "guide-outcome-table": guide_outcome_table,
+}
+
+#: The pages under ``docs/`` with generated blocks, and the blocks each must have.
+PAGES: Final[Mapping[str, tuple[str, ...]]] = {
+    "tables.md": tuple(name for name in BLOCKS if not name.startswith("guide-")),
+    "lifecycle.md": ("guide-lifecycle-table",),
+    "outcomes.md": ("guide-outcome-table",),
 }
 
 
 # ---------------------------------------------------------------------------------------
-# The page
+# The pages
 # ---------------------------------------------------------------------------------------
 
 
-def render(text: str, specs: Specs) -> str:
+def render(text: str, specs: Specs, blocks: Sequence[str] = PAGES["tables.md"]) -> str:
     """``text`` with every ``gen_docs_tables`` block refilled from ``specs``.
 
-    :raises ValueError: a block names no known renderer, or a known block is missing
-        or appears twice.
+    :param blocks: the blocks the page must have, each exactly once.
+    :raises ValueError: a block names no known renderer, or one of ``blocks`` is
+        missing or appears twice.
     """
     seen: list[str] = []
 
@@ -306,41 +454,18 @@ def render(text: str, specs: Specs) -> str:
         return f"{match['open']}{BLOCKS[name](specs)}{match['close']}"
 
     out = _BLOCK.sub(block, text)
-    missing = [name for name in BLOCKS if name not in seen]
+    missing = [name for name in blocks if name not in seen]
     twice = sorted({name for name in seen if seen.count(name) > 1})
     if missing or twice:
         raise ValueError(f"gen_docs_tables blocks: missing {missing}, repeated {twice}")
     return out
 
 
-def generate(page: Path = PAGE, specs: Path = SPECS) -> str:
-    """The page as it should be: its current text with fresh blocks."""
-    return render(page.read_text(encoding="utf-8"), load_specs(specs))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Rewrite (or with ``--check``, verify) the page; return the exit status."""
-    parser = argparse.ArgumentParser(description="Fill docs/tables.md from specs/.")
-    parser.add_argument("--check", action="store_true", help="fail if the page differs")
-    parser.add_argument("--page", type=Path, default=PAGE, help="the page (default: %(default)s)")
-    parser.add_argument("--specs", type=Path, default=SPECS, help="the specs directory")
-    args = parser.parse_args(argv)
-    page: Path = args.page
-    fresh = generate(page, args.specs)
-    current = page.read_text(encoding="utf-8")
-    if args.check:
-        if fresh != current:
-            print(f"differs: {page}")
-            print("run: python scripts/gen_docs_tables.py")
-            return 1
-        return 0
-    if fresh != current:
-        page.write_text(fresh, encoding="utf-8")
-        print(f"wrote {page}")
-    else:
-        print(f"{page} up to date")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def generate(docs: Path, specs: Specs) -> dict[Path, str]:
+    """Each page of :data:`PAGES` under ``docs`` as it should be: its current text with
+    fresh blocks (a page that does not exist is left out)."""
+    return {
+        docs / name: render((docs / name).read_text(encoding="utf-8"), specs, blocks)
+        for name, blocks in PAGES.items()
+        if (docs / name).exists()
+    }
