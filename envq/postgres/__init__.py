@@ -1,0 +1,8 @@
+"""envq on PostgreSQL: the first step, the database side of envq's tables.
+
+What exists now is :mod:`envq.postgres.schema`: the SQL that creates envq's tables
+in a PostgreSQL database, with the envelope and queue states as enums and triggers,
+generated from ``envq._machine``, that refuse any change of state the tables do not
+allow. The queue itself (workers, leases, ``send``) is not built yet; see
+``docs/postgres.md``.
+"""
