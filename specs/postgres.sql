@@ -331,6 +331,8 @@ CREATE INDEX envelopes_ready ON envq.envelopes (queue, seq) WHERE state = 'ready
 CREATE INDEX envelopes_due ON envq.envelopes (queue, due_at) WHERE state = 'delayed';
 CREATE INDEX envelopes_leases ON envq.envelopes (lease_expires_at) WHERE state = 'running';
 
+CREATE INDEX envelopes_owners ON envq.envelopes (lease_owner) WHERE state = 'running';
+
 -- The triggers.
 
 CREATE FUNCTION envq.envelopes_check() RETURNS trigger
@@ -462,3 +464,82 @@ COMMENT ON FUNCTION envq.queues_check() IS
     'Refuses any queue row whose lifecycle move the tables of envq._machine do not allow.';
 CREATE TRIGGER queues_check BEFORE INSERT OR UPDATE ON envq.queues
     FOR EACH ROW EXECUTE FUNCTION envq.queues_check();
+
+-- Attempts under leases: claim, renew, finish (fenced by the lease token).
+
+CREATE FUNCTION envq.claim(queue_name text, owner text, how_many integer, lease interval)
+RETURNS SETOF envq.envelopes
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF how_many IS NULL OR how_many < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: how_many must be at least 1, not %s',
+                             coalesce(how_many::text, 'NULL'));
+    END IF;
+    IF lease IS NULL OR lease < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: lease must not be negative, not %s',
+                             coalesce(lease::text, 'NULL'));
+    END IF;
+    IF owner IS NULL OR owner = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: owner must be a non-empty name, not %L', owner);
+    END IF;
+    RETURN QUERY
+    UPDATE envq.envelopes AS e
+       SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,
+           lease_token = gen_random_uuid(), lease_owner = owner,
+           lease_expires_at = clock_timestamp() + lease
+      FROM (SELECT c.seq FROM envq.envelopes AS c
+             WHERE c.queue = queue_name AND c.state = 'ready'
+               AND EXISTS (SELECT FROM envq.queues AS q
+                            WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
+             ORDER BY c.seq
+             LIMIT how_many
+               FOR UPDATE OF c SKIP LOCKED) AS picked
+     WHERE e.seq = picked.seq
+    RETURNING e.*;
+END
+$$;
+COMMENT ON FUNCTION envq.claim IS
+    'Starts attempts: up to how_many READY envelopes of a dispatching queue, oldest '
+    'first, skipping rows other claims hold, each RUNNING under a new lease.';
+
+CREATE FUNCTION envq.renew(owner text, lease interval) RETURNS SETOF uuid
+LANGUAGE sql AS $$
+    UPDATE envq.envelopes AS e SET lease_expires_at = clock_timestamp() + lease
+     WHERE e.lease_owner = owner AND e.state = 'running'
+       AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.lease_token
+$$;
+COMMENT ON FUNCTION envq.renew IS
+    'Extends every lease the owner still holds; returns their tokens. An expired '
+    'lease is not renewed: it is lost.';
+
+CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
+                            decision envq.decision_kind DEFAULT NULL,
+                            cause envq.cancel_cause DEFAULT NULL,
+                            limited boolean DEFAULT false,
+                            due_at timestamptz DEFAULT NULL)
+RETURNS envq.envelope_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    ended envq.envelope_state;
+BEGIN
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', outcome, e.kind, q.state, false,
+                                        finish.decision, finish.cause, q.stop_mode,
+                                        coalesce(finish.limited, false)),
+           event = outcome, decision = finish.decision, cause = finish.cause,
+           limited = coalesce(finish.limited, false), due_at = finish.due_at,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM envq.queues AS q
+     WHERE e.seq = finish.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = finish.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.state INTO ended;
+    RETURN ended;
+END
+$$;
+COMMENT ON FUNCTION envq.finish IS
+    'Ends an attempt with its outcome, moving the envelope where the tables lead, only '
+    'while the attempt''s token holds; NULL when it does not (nothing changed).';

@@ -18,7 +18,11 @@ twice. The generated SQL (:func:`render`) creates, in the schema ``envq``:
   enumerating ``target`` over every state, event and guard valuation and branching
   only on the guards a pair depends on; ``queue_target`` and ``queue_refusal`` do the
   same for the lifecycle table;
-* two triggers that refuse every change of state the tables do not allow.
+* two triggers that refuse every change of state the tables do not allow;
+* attempts under leases: ``claim`` starts attempts on ready envelopes (``FOR UPDATE
+  SKIP LOCKED``), each with a lease (a token, an owner, an expiry on the database's
+  clock); ``renew`` extends every lease an owner still holds in one statement;
+  ``finish`` ends an attempt where the tables lead, only while its token holds.
 
 A state-changing statement names its move: it writes the event (``event`` for an
 envelope, ``call`` for a queue) and the guard values that only the mover knows
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Final
 
 from envq._machine import (
+    DISPATCHING,
     ILLEGAL_LIFECYCLE,
     LIFECYCLE,
     LIVE_STATES,
@@ -417,6 +422,100 @@ CREATE TRIGGER queues_check BEFORE INSERT OR UPDATE ON envq.queues
 """
 
 
+_LEASES: Final = """\
+CREATE FUNCTION envq.claim(queue_name text, owner text, how_many integer, lease interval)
+RETURNS SETOF envq.envelopes
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF how_many IS NULL OR how_many < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: how_many must be at least 1, not %s',
+                             coalesce(how_many::text, 'NULL'));
+    END IF;
+    IF lease IS NULL OR lease < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: lease must not be negative, not %s',
+                             coalesce(lease::text, 'NULL'));
+    END IF;
+    IF owner IS NULL OR owner = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: owner must be a non-empty name, not %L', owner);
+    END IF;
+    RETURN QUERY
+    UPDATE envq.envelopes AS e
+       SET state = '{running}', event = '{dispatch}', attempt = e.attempt + 1,
+           lease_token = gen_random_uuid(), lease_owner = owner,
+           lease_expires_at = clock_timestamp() + lease
+      FROM (SELECT c.seq FROM envq.envelopes AS c
+             WHERE c.queue = queue_name AND c.state = '{ready}'
+               AND EXISTS (SELECT FROM envq.queues AS q
+                            WHERE q.name = queue_name AND q.state IN ({dispatching}))
+             ORDER BY c.seq
+             LIMIT how_many
+               FOR UPDATE OF c SKIP LOCKED) AS picked
+     WHERE e.seq = picked.seq
+    RETURNING e.*;
+END
+$$;
+COMMENT ON FUNCTION envq.claim IS
+    'Starts attempts: up to how_many READY envelopes of a dispatching queue, oldest '
+    'first, skipping rows other claims hold, each RUNNING under a new lease.';
+
+CREATE FUNCTION envq.renew(owner text, lease interval) RETURNS SETOF uuid
+LANGUAGE sql AS $$
+    UPDATE envq.envelopes AS e SET lease_expires_at = clock_timestamp() + lease
+     WHERE e.lease_owner = owner AND e.state = 'running'
+       AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.lease_token
+$$;
+COMMENT ON FUNCTION envq.renew IS
+    'Extends every lease the owner still holds; returns their tokens. An expired '
+    'lease is not renewed: it is lost.';
+
+CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
+                            decision envq.decision_kind DEFAULT NULL,
+                            cause envq.cancel_cause DEFAULT NULL,
+                            limited boolean DEFAULT false,
+                            due_at timestamptz DEFAULT NULL)
+RETURNS envq.envelope_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    ended envq.envelope_state;
+BEGIN
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', outcome, e.kind, q.state, false,
+                                        finish.decision, finish.cause, q.stop_mode,
+                                        coalesce(finish.limited, false)),
+           event = outcome, decision = finish.decision, cause = finish.cause,
+           limited = coalesce(finish.limited, false), due_at = finish.due_at,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM envq.queues AS q
+     WHERE e.seq = finish.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = finish.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.state INTO ended;
+    RETURN ended;
+END
+$$;
+COMMENT ON FUNCTION envq.finish IS
+    'Ends an attempt with its outcome, moving the envelope where the tables lead, only '
+    'while the attempt''s token holds; NULL when it does not (nothing changed).';
+"""
+
+
+def _leases() -> str:
+    """The lease functions, with the dispatch move and the dispatching lifecycle
+    states taken from the tables."""
+    dispatched = target(EnvState.READY, EnvEvent.DISPATCH, Situation())
+    assert dispatched is not None
+    dispatching = ", ".join(_q(s.value) for s in QueueState if s in DISPATCHING)
+    return (
+        _LEASES.replace("{dispatch}", event_label(EnvEvent.DISPATCH))
+        .replace("{ready}", EnvState.READY.value)
+        .replace("{running}", dispatched.value)
+        .replace("{dispatching}", dispatching)
+    )
+
+
 def _function(
     name: str, params: Sequence[tuple[str, str]], returns: str, body: str, comment: str
 ) -> str:
@@ -554,6 +653,8 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         " WHERE state = 'delayed';\n"
         f"CREATE INDEX envelopes_leases ON {SCHEMA}.envelopes (lease_expires_at)"
         " WHERE state = 'running';\n",
+        f"CREATE INDEX envelopes_owners ON {SCHEMA}.envelopes (lease_owner)"
+        " WHERE state = 'running';\n",
         "-- The triggers.\n",
         _ENVELOPE_CHECK.replace("{refused}", REFUSED_ENVELOPE_MOVE).replace(
             "{rejected}", REFUSED_CALL
@@ -561,6 +662,8 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         _QUEUE_CHECK.replace("{refused}", REFUSED_QUEUE_MOVE)
         .replace("{rejected}", REFUSED_CALL)
         .replace("{initial}", INITIAL_QUEUE_STATE.value),
+        "-- Attempts under leases: claim, renew, finish (fenced by the lease token).\n",
+        _leases(),
     ]
     return "\n".join(parts)
 
