@@ -393,7 +393,7 @@ async def test_a_queue_is_created_in_its_initial_state_only(pg_dsn: str) -> None
 
     async with session(pg_dsn) as conn:
         await conn.execute("INSERT INTO envq.queues (name) VALUES ('q')")
-        assert await conn.fetchval("SELECT state::text FROM envq.queues") == "init"
+        assert await conn.fetchval("SELECT state::text FROM envq.queues WHERE name = 'q'") == "init"
         with pytest.raises(asyncpg_error()) as caught:
             await conn.execute("INSERT INTO envq.queues (name, state) VALUES ('r', 'running')")
         assert caught.value.sqlstate == REFUSED_QUEUE_MOVE  # type: ignore[attr-defined]
@@ -502,8 +502,12 @@ async def test_sending_to_a_stopped_queue_is_rejected_with_its_error(pg_dsn: str
 
     async with session(pg_dsn) as conn:
         await _ready_envelope(conn)
-        await conn.execute("UPDATE envq.queues SET state = 'stopping', call = 'stop'")
-        await conn.execute("UPDATE envq.queues SET state = 'stopped', call = 'drained'")
+        await conn.execute(
+            "UPDATE envq.queues SET state = 'stopping', call = 'stop' WHERE name = 'q'"
+        )
+        await conn.execute(
+            "UPDATE envq.queues SET state = 'stopped', call = 'drained' WHERE name = 'q'"
+        )
         with pytest.raises(asyncpg_error()) as caught:
             async with conn.transaction():
                 await _ready_envelope(conn)
