@@ -3,7 +3,9 @@
 Not a test (pytest does not collect it): the measurement behind the choice of driver
 recorded in docs/decisions.md. Each job is three statements, each its own
 transaction, as a worker's would be: insert a row, claim it (``FOR UPDATE SKIP
-LOCKED``), mark it done. Run: ``python -m tests.postgres.measure_drivers [N]``.
+LOCKED``), mark it done. Needs both drivers (``pip install asyncpg "psycopg[binary]"``;
+only asyncpg is in the extras). Run: ``python -m tests.postgres.measure_drivers [N]
+[ROUNDS]``.
 """
 
 from __future__ import annotations
