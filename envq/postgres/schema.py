@@ -50,7 +50,6 @@ from typing import Final
 
 from envq._machine import (
     DISPATCHING,
-    ILLEGAL_LIFECYCLE,
     LIFECYCLE,
     LIVE_STATES,
     CancelCause,
@@ -537,8 +536,6 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         :func:`envq._machine.target` (a test passes a changed one to show that the
         comparison with the database can fail).
     """
-    if ILLEGAL_LIFECYCLE & LIFECYCLE.keys():  # pragma: no cover - the tables' own test
-        raise AssertionError("a lifecycle pair is both a row and illegal")
     live = _in(LIVE_STATES)
     parts = [
         "-- envq on PostgreSQL: the tables of envq._machine enforced by the database.\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 
 from envq._machine import EnvState, Kind, Outcome, QueueCall, QueueState, Situation, target
@@ -71,6 +72,12 @@ def test_main_prints_writes_and_checks(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["--check", str(out)]) == 0
     out.write_text(render() + "-- edited\n", encoding="utf-8")
     assert main(["--check", str(out)]) == 1
+
+
+def test_guards_are_the_situations_fields() -> None:
+    """The generator branches on every guard of a Situation, and only on those (a new
+    guard in the tables must reach the SQL)."""
+    assert [name for name, _ in schema.GUARDS] == [f.name for f in attrs.fields(Situation)]
 
 
 def test_version_is_in_the_sql() -> None:
