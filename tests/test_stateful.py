@@ -737,7 +737,7 @@ class QueueMachine(RuleBasedStateMachine):
             return error, "state", []
         envs = [item for item in items if isinstance(item, envq.Envelope)]
         if len(envs) < len(items):
-            return envq.BadEnvelope, "invalid", []
+            return envq.BadEnvelopeType, "invalid", []
         if any(env.type in self.blacklist for env in envs):
             return envq.TypeBlacklisted, "blacklisted", []
         if any(self.tracks[env].lent for env in envs):

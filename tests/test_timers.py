@@ -95,8 +95,8 @@ async def test_stop_leaves_no_timer_and_start_rearms() -> None:
     q.send(*(envq.Envelope(invoke=starts, id=i, delay=10 + i) for i in range(3)))
     await asyncio.sleep(4)
     await q.stop()
-    assert not q._delays.armed
-    assert len(q._delays) == 0
+    assert not q._store.delays.armed
+    assert len(q._store.delays) == 0
     await asyncio.sleep(100)
     assert starts.seen == []
     q.start()  # at t=104: 6, 7 and 8 s were left
@@ -127,7 +127,7 @@ async def test_envelopes_leaving_delayed_early_are_not_kept_alive() -> None:
     gc.collect()
     assert [r for r in refs if r() is not None] == []
     # White-box: the rebuilt heap holds the keeper and fewer than STALE_SLACK stale entries.
-    assert len(q._delays) <= STALE_SLACK + 2
+    assert len(q._store.delays) <= STALE_SLACK + 2
     await asyncio.sleep(60)
     assert starts.seen == [("keeper", 50.0)]
     await q.terminate()

@@ -316,7 +316,7 @@ class _Step:
                 self.envs[i] = env._replace(cancel=cause)
 
     def admit(self, batch: Sequence[int], choices: Sequence[EnvState]) -> None:
-        """``send(*batch)`` in INIT (buffer) or RUNNING (admit): §6 checks, then admission."""
+        """``send(*batch)`` in INIT (buffer) or RUNNING (admit): send's checks, then admission."""
         types = self.config.types
         if any(types[i] and types[i] in self.blacklist for i in batch):
             return  # TypeBlacklisted: nothing admitted
