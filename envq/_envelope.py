@@ -12,6 +12,7 @@ from envq import _checks
 from envq._checks import is_async_callable
 from envq._errors import BadEnvelope, BadEnvelopeType, BadIntervals
 from envq._machine import EnvState, Kind
+from envq._schedule import MIN_INTERVAL
 from envq._values import Decision, Retry, Schedule
 
 __all__ = [
@@ -52,7 +53,9 @@ class _Rec:
 
     ``due`` means: READY/RUNNING — the scheduled start of a periodic run; DELAYED —
     the loop time it becomes ready; BUFFERED/PARKED — the delay still to wait when
-    armed.
+    armed. A FIXED_RATE run's grid is ``origin + slot × interval``: ``origin`` is the
+    scheduled start of the last run not placed on the grid, ``slot`` counts the grid
+    points since (each computed from the origin, so rounding never accumulates).
     """
 
     __slots__ = (
@@ -60,8 +63,10 @@ class _Rec:
         "due",
         "failures",
         "kind",
+        "origin",
         "owner",
         "seq",
+        "slot",
         "state",
         "tick",
     )
@@ -73,6 +78,8 @@ class _Rec:
         self.kind = Kind.ONE_OFF
         self.seq = 0
         self.due = 0.0
+        self.origin = 0.0
+        self.slot = 0
         #: The number of its entry in the queue's timer heap while DELAYED, else 0.
         self.tick = 0
         self.attempts = 0
@@ -90,7 +97,13 @@ def _seconds_field(what: str, value: object) -> float:
 
 
 def _interval(value: float | dt.timedelta) -> float:
-    return _seconds_field("Envelope: interval", value)
+    interval = _seconds_field("Envelope: interval", value)
+    if 0 < interval < MIN_INTERVAL:
+        raise BadEnvelope(
+            f"Envelope: interval must be 0 (one-off) or at least {MIN_INTERVAL:g} s "
+            f"(a shorter one is a busy loop the clock cannot resolve), got {_checks.show(value)}"
+        )
+    return interval
 
 
 def _deadline(value: float | dt.timedelta) -> float:
@@ -163,7 +176,8 @@ class Envelope:
         plain one runs in the queue's thread pool).
     :param id: any hashable value, for logs and metrics.
     :param type: a name for logs, metric labels and the type blacklist.
-    :param interval: seconds (or ``timedelta``); 0 = one-off, > 0 = periodic.
+    :param interval: seconds (or ``timedelta``); 0 = one-off, > 0 = periodic (at least
+        a microsecond).
     :param deadline: seconds bounding ``before`` + the invoker chain + ``after`` of one
         attempt; 0 = none. A periodic envelope's deadline may not exceed its interval.
     :param before: hook run before the invoker chain; may raise

@@ -63,6 +63,7 @@ from envq._machine import (
     QueueCall,
     QueueState,
 )
+from envq._schedule import fixed_rate_slot
 from envq._stats import Counters, StopRun, report
 from envq._timers import Deadlines, DelayHeap
 from envq._values import (
@@ -1037,7 +1038,8 @@ class Queue:
             # The FIXED_RATE grid needs a periodic run's scheduled start: the time it
             # became READY, or (coming from DELAYED) the time it was due, kept in due.
             if rec.kind is _PERIODIC and event is not _DUE:
-                rec.due = self._clock()
+                rec.due = rec.origin = self._clock()
+                rec.slot = 0
             self._ready.append(env)
             idle = self._idle
             while idle:
@@ -1046,7 +1048,11 @@ class Queue:
                     fut.set_result(True)
                     break
         elif to is _DELAYED:
-            due = rec.due = self._clock() + delay if at is None else at
+            if at is None:
+                due = rec.due = rec.origin = self._clock() + delay
+                rec.slot = 0
+            else:
+                due = rec.due = at
             self._delays.push(env, rec, due)
         elif to in _TERMINAL:
             del self._live[env]
@@ -1313,8 +1319,10 @@ class Queue:
                 return env.interval, None
             case _Sched.FIXED_RATE:
                 now = self._clock()
-                slot = rec.due + (math.floor((now - rec.due) / env.interval) + 1) * env.interval
-                return slot - now, slot
+                slot = fixed_rate_slot(rec.origin, env.interval, rec.slot, now)
+                at = rec.origin + slot * env.interval
+                rec.slot = slot
+                return at - now, at
             case _:
                 assert_never(env.schedule)
 
