@@ -59,6 +59,7 @@ from envq._machine import EnvState, Kind, Outcome, QueueState
 from envq._metrics import MetricsServer, PrometheusMetrics, prometheus_metrics, serve_metrics
 from envq._otel import otel_stamp
 from envq._queue import Queue, current_attempt
+from envq._schedule import Cron, Timing
 from envq._stamps import logging_stamp
 from envq._tasks import AfterCallback, Task, TaskFn, TaskQueue
 from envq._values import (
@@ -92,6 +93,7 @@ __all__ = [
     "BadEnvelopeType",
     "BadIntervals",
     "CapacityExceeded",
+    "Cron",
     "Decision",
     "DoNotRetry",
     "EnvState",
@@ -129,6 +131,7 @@ __all__ = [
     "Task",
     "TaskFn",
     "TaskQueue",
+    "Timing",
     "TokenBucket",
     "TypeBlacklisted",
     "current_attempt",

@@ -63,7 +63,6 @@ from envq._machine import (
     QueueCall,
     QueueState,
 )
-from envq._schedule import fixed_rate_slot
 from envq._stats import Counters, StopRun, report
 from envq._timers import Deadlines, DelayHeap
 from envq._values import (
@@ -112,13 +111,8 @@ _REQUEUED: Final = frozenset({_READY, _DELAYED})
 _INF: Final = math.inf
 
 
-class _Sched:
-    """``Schedule`` members as plain class attributes, for ``match`` value patterns: on
-    Python 3.11 ``EnumType.__getattr__`` makes every ``Schedule.X`` read slow (~60 ns),
-    and a ``case`` reads one per pattern tried."""
-
-    FIXED_DELAY: Final = Schedule.FIXED_DELAY
-    FIXED_RATE: Final = Schedule.FIXED_RATE
+# A module constant: on Python 3.11 every ``Schedule.X`` read is slow (~60 ns).
+_FIXED_DELAY: Final = Schedule.FIXED_DELAY
 
 
 #: Lifecycle actions whose row must leave the queue's state as it is.
@@ -725,7 +719,13 @@ class Queue:
             _TASKS.add(task)
             task.add_done_callback(_TASKS.discard)
         for env, rec in list(self._live.items()):
-            delay = self._first_delay(env) if rec.state is EnvState.BUFFERED else rec.due
+            if rec.state is EnvState.BUFFERED:
+                delay = self._first_delay(env)
+            elif env._calendar:
+                # Fires missed while the queue was stopped are skipped.
+                delay = self._calendar_delay(env, 0.0)
+            else:
+                delay = rec.due
             self._enter(env, rec, EnvEvent.START, ARMED[delay > 0], delay)
         if self._waiters:
             self._pump()
@@ -905,7 +905,7 @@ class Queue:
                 continue
             seq += 1
             rec.state = _NEW
-            rec.kind = _PERIODIC if env.interval > 0 else _ONE_OFF
+            rec.kind = _PERIODIC if env.periodic else _ONE_OFF
             rec.seq = seq
             rec.attempts = 0
             rec.failures = 0
@@ -914,7 +914,7 @@ class Queue:
             if buffer:
                 enter(env, rec, _EV_SEND, _BUFFERED)
             else:
-                delay = env.delay if env.not_before is None else self._first_delay(env)
+                delay = self._first_delay(env) if env._timed else env.delay
                 enter(env, rec, _EV_SEND, ARMED[delay > 0], delay)
         self._seq = seq
         if dedups:
@@ -953,7 +953,22 @@ class Queue:
             wall = getattr(self._bound_loop(), "wall_time", None)
             now = wall() if callable(wall) else _wall_now()
             delay = max(delay, env.not_before.timestamp() - now)
+        if env._calendar:
+            delay = self._calendar_delay(env, delay)
         return delay
+
+    def _calendar_delay(self, env: Envelope, delay: float) -> float:
+        """Seconds from now to the first run of a calendar schedule armed to run
+        ``delay`` seconds from now on."""
+        now = self._clock()
+        return env.schedule.first_run(now + max(0.0, delay), self._wall_offset()) - now
+
+    def _wall_offset(self) -> float:
+        """The wall clock minus the loop time: the loop's ``wall_time()`` if it has
+        one (the virtual-time loop), else ``time.time()``."""
+        loop = self._bound_loop()
+        wall = getattr(loop, "wall_time", None)
+        return (wall() if callable(wall) else _wall_now()) - loop.time()
 
     def _pump(self) -> None:
         """Wake the first waiting producer once its batch fits, or would be refused."""
@@ -1039,7 +1054,6 @@ class Queue:
             # became READY, or (coming from DELAYED) the time it was due, kept in due.
             if rec.kind is _PERIODIC and event is not _DUE:
                 rec.due = rec.origin = self._clock()
-                rec.slot = 0
             self._ready.append(env)
             idle = self._idle
             while idle:
@@ -1050,7 +1064,6 @@ class Queue:
         elif to is _DELAYED:
             if at is None:
                 due = rec.due = rec.origin = self._clock() + delay
-                rec.slot = 0
             else:
                 due = rec.due = at
             self._delays.push(env, rec, due)
@@ -1311,20 +1324,17 @@ class Queue:
         )
 
     def _next_run(self, env: Envelope, rec: _Rec) -> tuple[float, float | None]:
-        """Seconds from now to the envelope's next periodic run, and for FIXED_RATE
-        the grid point itself (the loop time to be due at, so that the time spent
-        rescheduling is not added to the grid run after run)."""
-        match env.schedule:
-            case _Sched.FIXED_DELAY:
-                return env.interval, None
-            case _Sched.FIXED_RATE:
-                now = self._clock()
-                slot = fixed_rate_slot(rec.origin, env.interval, rec.slot, now)
-                at = rec.origin + slot * env.interval
-                rec.slot = slot
-                return at - now, at
-            case _:
-                assert_never(env.schedule)
+        """Seconds from now to the envelope's next periodic run, and the loop time
+        it is due at (so that the time spent rescheduling is not added to a grid run
+        after run); the envelope's schedule decides."""
+        schedule = env.schedule
+        if schedule is _FIXED_DELAY:
+            return env.interval, None
+        now = self._clock()
+        # Only a calendar reads the wall clock.
+        offset = self._wall_offset() if env._calendar else 0.0
+        at = schedule.next_run(env.interval, rec.origin, rec.due, now, offset)
+        return at - now, at
 
     # ----------------------------------------------------------------------------------
     # The outcome interpreter
