@@ -61,6 +61,7 @@ from envq._metrics import MetricsServer, PrometheusMetrics, prometheus_metrics, 
 from envq._otel import otel_stamp
 from envq._queue import Attempt, Queue, current_attempt
 from envq._reports import Event, StopReport
+from envq._schedule import Cron, Timing
 from envq._stamps import logging_stamp
 from envq._tasks import AfterCallback, Task, TaskFn, TaskQueue
 from envq._values import (
@@ -91,6 +92,7 @@ __all__ = [
     "BadEnvelopeType",
     "BadIntervals",
     "CapacityExceeded",
+    "Cron",
     "Decision",
     "DoNotRetry",
     "EnvState",
@@ -128,6 +130,7 @@ __all__ = [
     "Task",
     "TaskFn",
     "TaskQueue",
+    "Timing",
     "TokenBucket",
     "TypeBlacklisted",
     "current_attempt",

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NoReturn, Protocol, cast
+from typing import Any, NoReturn, Protocol, cast
 
 from envq._envelope import Envelope, _Rec
 from envq._errors import (
@@ -39,7 +39,7 @@ from envq._machine import (
 from envq._stats import Counters
 from envq._values import Rejection
 
-__all__ = ["Admission", "Waiter", "first_delay"]
+__all__ = ["Admission", "Waiter", "calendar_delay", "first_delay", "wall_offset"]
 
 _EV_SEND = EnvEvent.SEND
 
@@ -165,7 +165,7 @@ class Admission:
                 continue
             seq += 1
             rec.state = INITIAL
-            rec.kind = KIND_OF[env.interval > 0]
+            rec.kind = KIND_OF[env.periodic]
             rec.seq = seq
             rec.attempts = 0
             rec.failures = 0
@@ -174,7 +174,7 @@ class Admission:
             if buffer:
                 enter(env, rec, _EV_SEND, self._buffered_to)
             else:
-                delay = env.delay if env.not_before is None else self._first_delay(env)
+                delay = self._first_delay(env) if env._timed else env.delay
                 enter(env, rec, _EV_SEND, admitted_to[delay > 0], delay)
         self._seq = seq
         if dedups:
@@ -276,13 +276,31 @@ class Admission:
             self.pump()
 
 
+def wall_offset(loop: asyncio.AbstractEventLoop) -> float:
+    """The wall clock minus ``loop``'s time: the loop's ``wall_time()`` if it has one
+    (the virtual-time loop), else ``time.time()``."""
+    wall = getattr(loop, "wall_time", None)
+    return (wall() if callable(wall) else time.time()) - loop.time()
+
+
+def calendar_delay(env: Envelope, delay: float, loop: asyncio.AbstractEventLoop) -> float:
+    """Seconds from now to the first run of ``env``'s calendar schedule, armed to run
+    ``delay`` seconds from now on."""
+    now = loop.time()
+    schedule = cast("Any", env.schedule)
+    at: float = schedule.first_run(now + max(0.0, delay), wall_offset(loop))
+    return at - now
+
+
 def first_delay(env: Envelope, loop: asyncio.AbstractEventLoop) -> float:
     """Seconds ``env`` waits before its first run: its ``delay``, or longer to reach
     ``not_before`` (by the loop's wall clock when it has one, as the virtual-time loop
-    does, else the system's)."""
+    does, else the system's), and then to its calendar's first fire."""
     delay = env.delay
     if env.not_before is not None:
         wall = getattr(loop, "wall_time", None)
         now = wall() if callable(wall) else time.time()
         delay = max(delay, env.not_before.timestamp() - now)
+    if env._calendar:
+        delay = calendar_delay(env, delay, loop)
     return delay

@@ -12,6 +12,7 @@ from envq import _checks
 from envq._checks import is_async_callable
 from envq._errors import BadEnvelope, BadEnvelopeType, BadIntervals
 from envq._machine import INITIAL, KIND_OF, EnvState, Kind
+from envq._schedule import MIN_INTERVAL, Timing
 from envq._values import Decision, Retry, Schedule
 
 __all__ = [
@@ -52,7 +53,9 @@ class _Rec:
 
     ``due`` means: READY/RUNNING — the scheduled start of a periodic run; DELAYED —
     the loop time it becomes ready; BUFFERED/PARKED — the delay still to wait when
-    armed.
+    armed. ``origin`` is the scheduled start of the last run its schedule did not
+    place (a FIXED_RATE grid's origin: each slot is computed from it, so rounding
+    never accumulates).
     """
 
     __slots__ = (
@@ -60,6 +63,7 @@ class _Rec:
         "due",
         "failures",
         "kind",
+        "origin",
         "owner",
         "seq",
         "state",
@@ -73,6 +77,7 @@ class _Rec:
         self.kind: Kind = KIND_OF[False]
         self.seq = 0
         self.due = 0.0
+        self.origin = 0.0
         #: The number of its entry in the queue's timer heap while DELAYED, else 0.
         self.tick = 0
         self.attempts = 0
@@ -90,7 +95,13 @@ def _seconds_field(what: str, value: object) -> float:
 
 
 def _interval(value: float | dt.timedelta) -> float:
-    return _seconds_field("Envelope: interval", value)
+    interval = _seconds_field("Envelope: interval", value)
+    if 0 < interval < MIN_INTERVAL:
+        raise BadEnvelope(
+            f"Envelope: interval must be 0 (one-off) or at least {MIN_INTERVAL:g} s "
+            f"(a shorter one is a busy loop the clock cannot resolve), got {_checks.show(value)}"
+        )
+    return interval
 
 
 def _deadline(value: float | dt.timedelta) -> float:
@@ -136,10 +147,10 @@ def _check_retry(inst: object, attr: attrs.Attribute[Any], value: object) -> Non
 
 
 def _check_schedule(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, Schedule):
+    if not isinstance(value, Timing):
         raise BadEnvelopeType(
-            "Envelope: schedule must be envq.FIXED_DELAY or envq.FIXED_RATE, "
-            f"got {_checks.show(value)}"
+            "Envelope: schedule must be envq.FIXED_DELAY, envq.FIXED_RATE, an envq.Cron "
+            f"or another envq.Timing, got {_checks.show(value)}"
         )
 
 
@@ -163,7 +174,8 @@ class Envelope:
         plain one runs in the queue's thread pool).
     :param id: any hashable value, for logs and metrics.
     :param type: a name for logs, metric labels and the type blacklist.
-    :param interval: seconds (or ``timedelta``); 0 = one-off, > 0 = periodic.
+    :param interval: seconds (or ``timedelta``); 0 = one-off, > 0 = periodic (at least
+        a microsecond).
     :param deadline: seconds bounding ``before`` + the invoker chain + ``after`` of one
         attempt; 0 = none. A periodic envelope's deadline may not exceed its interval.
     :param before: hook run before the invoker chain; may raise
@@ -176,7 +188,10 @@ class Envelope:
     :param retry: retry policy for one-off envelopes without ``on_failure``.
     :param delay: seconds after arming before the first run.
     :param not_before: an aware datetime: the earliest first run (wall clock).
-    :param schedule: periodic timing, :data:`envq.FIXED_DELAY` or :data:`envq.FIXED_RATE`.
+    :param schedule: periodic timing: :data:`envq.FIXED_DELAY` or :data:`envq.FIXED_RATE`
+        (with an ``interval``), or a calendar such as :class:`envq.Cron` (any
+        :class:`envq.Timing` that is not a ``Schedule``; ``interval`` must then be 0,
+        and the envelope is periodic).
     """
 
     # Defaults to None only so that a missing invoke raises BadEnvelope, not TypeError.
@@ -195,7 +210,7 @@ class Envelope:
     retry: Retry | None = attrs.field(default=None, validator=_check_retry)
     delay: float = attrs.field(default=0.0, converter=_delay)
     not_before: dt.datetime | None = attrs.field(default=None, validator=_check_not_before)
-    schedule: Schedule = attrs.field(default=Schedule.FIXED_DELAY, validator=_check_schedule)
+    schedule: Timing = attrs.field(default=Schedule.FIXED_DELAY, validator=_check_schedule)
     # Derived at construction, read by the worker on every attempt.
     _async: bool = attrs.field(init=False, default=False)
     _async_before: bool = attrs.field(init=False, default=False)
@@ -203,10 +218,20 @@ class Envelope:
     _async_success: bool = attrs.field(init=False, default=False)
     _async_failure: bool = attrs.field(init=False, default=False)
     _lean: bool = attrs.field(init=False, default=False)
+    #: The schedule is a calendar (not a Schedule member): periodic without interval.
+    _calendar: bool = attrs.field(init=False, default=False)
+    #: The first delay needs working out (a not_before or a calendar).
+    _timed: bool = attrs.field(init=False, default=False)
     _direct: bool = attrs.field(init=False, default=False)
     _rec: _Rec = attrs.field(init=False, factory=_Rec, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        calendar = not isinstance(self.schedule, Schedule)
+        if calendar and self.interval > 0:
+            raise BadEnvelope(
+                f"Envelope: interval must be 0 with the calendar schedule "
+                f"{_checks.show(self.schedule)} (it sets the times), got {self.interval!r}"
+            )
         if self.interval > 0 and self.deadline > self.interval:
             raise BadIntervals(
                 f"deadline ({self.deadline!r} s) must not exceed interval "
@@ -220,11 +245,13 @@ class Envelope:
         set_(self, "_async_success", is_async_callable(self.on_success))
         set_(self, "_async_failure", is_async_callable(self.on_failure))
         set_(self, "_lean", self.before is None and self.after is None and not self.stamps)
+        set_(self, "_calendar", calendar)
+        set_(self, "_timed", calendar or self.not_before is not None)
 
     @property
     def periodic(self) -> bool:
-        """True for a periodic envelope (``interval > 0``)."""
-        return self.interval > 0
+        """True for a periodic envelope (``interval > 0``, or a calendar schedule)."""
+        return self.interval > 0 or self._calendar
 
     def evolve(self, **changes: Any) -> Envelope:
         """A validated copy of this envelope with ``changes`` applied (a new identity).
@@ -245,7 +272,10 @@ class Envelope:
         return f"{self.type or '-'}/{self.id!r}"
 
     def __repr__(self) -> str:
-        kind = f"every {self.interval:g}s" if self.interval > 0 else "one-off"
+        if self._calendar:
+            kind = f"on {self.schedule!r}"
+        else:
+            kind = f"every {self.interval:g}s" if self.interval > 0 else "one-off"
         return f"<Envelope {self.label()} {kind}>"
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, assert_never
 
 from envq import _machine
-from envq._admission import Admission
+from envq._admission import Admission, calendar_delay
 from envq._attempt import Threads, Worker
 from envq._crew import Crew
 from envq._envelope import Envelope
@@ -189,7 +189,13 @@ class Lifecycle:
         self.set_state(row.target, pump=False)
         self._crew.spawn(loop)
         for env, rec in list(self._live.items()):
-            delay = self._host._first_delay(env) if rec.state is _BUFFERED else rec.due
+            if rec.state is _BUFFERED:
+                delay = self._host._first_delay(env)
+            elif env._calendar:
+                # Fires missed while the queue was stopped are skipped.
+                delay = calendar_delay(env, 0.0, self._host._bound_loop())
+            else:
+                delay = rec.due
             to = _machine.queue_move(rec.state, EnvEvent.START, delay > 0)
             assert to is not None, rec.state
             self._mover.enter(env, rec, EnvEvent.START, to, delay)

@@ -156,12 +156,14 @@ class Mover:
             # The FIXED_RATE grid needs a periodic run's scheduled start: the time it
             # became READY, or (coming from DELAYED) the time it was due, kept in due.
             if rec.kind is _PERIODIC and event is not _DUE:
-                rec.due = self._clock()
+                rec.due = rec.origin = self._clock()
             store.hold_ready(env)
         elif to is _DELAYED:
             if self.observed:
                 self.observe(env, frm, event, to, cause)
-            store.hold_delayed(env, rec, self._clock() + delay if at is None else at)
+            if at is None:
+                at = rec.origin = self._clock() + delay
+            store.hold_delayed(env, rec, at)
         elif to in self._terminal:
             self._end(env, rec, frm, event, to, cause)
         elif to is _PARKED or to is _BUFFERED:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Final, Protocol, TypeAlias, assert_never
 
 from envq import _machine
+from envq._admission import wall_offset
 from envq._attempt import Runner, Worker
 from envq._envelope import Envelope, _Rec
 from envq._errors import MaxRetriesExceeded
@@ -73,13 +73,8 @@ class Enter(Protocol):
     ) -> None: ...
 
 
-class _Sched:
-    """``Schedule`` members as plain class attributes, for ``match`` value patterns: on
-    Python 3.11 ``EnumType.__getattr__`` makes every ``Schedule.X`` read slow (~60 ns),
-    and a ``case`` reads one per pattern tried."""
-
-    FIXED_DELAY: Final = Schedule.FIXED_DELAY
-    FIXED_RATE: Final = Schedule.FIXED_RATE
+# A module constant: on Python 3.11 every ``Schedule.X`` read is slow (~60 ns).
+_FIXED_DELAY: Final = Schedule.FIXED_DELAY
 
 
 class Settler:
@@ -98,6 +93,7 @@ class Settler:
         "_banned_kind",
         "_clock",
         "_enter",
+        "_loop",
         "_queue_state",
         "_runner",
         "blacklist",
@@ -135,6 +131,7 @@ class Settler:
         self.listeners = listeners
         self.log_unhandled = log_unhandled
         self._clock: Callable[[], float] = _unbound
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: The row group of an envelope whose type was blacklisted while it ran.
         self._banned_kind = RELABEL[EnvEvent.BLACKLIST]
         #: The outcome table as this queue performs it: kind → outcome → action.
@@ -144,6 +141,7 @@ class Settler:
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Read the time from ``loop`` from now on."""
+        self._loop = loop
         self._clock = loop.time
 
     def resolve(self, row: OutcomeRow) -> Perform:
@@ -406,18 +404,18 @@ class Settler:
         self._enter(env, rec, outcome, to, delay, cause, at)
 
     def _next_run(self, env: Envelope, rec: _Rec) -> tuple[float, float | None]:
-        """Seconds from now to the envelope's next periodic run, and for FIXED_RATE
-        the grid point itself (the loop time to be due at, so that the time spent
-        rescheduling is not added to the grid run after run)."""
-        match env.schedule:
-            case _Sched.FIXED_DELAY:
-                return env.interval, None
-            case _Sched.FIXED_RATE:
-                now = self._clock()
-                slot = rec.due + (math.floor((now - rec.due) / env.interval) + 1) * env.interval
-                return slot - now, slot
-            case _:
-                assert_never(env.schedule)
+        """Seconds from now to the envelope's next periodic run, and the loop time
+        it is due at (so that the time spent rescheduling is not added to a grid run
+        after run); the envelope's schedule decides."""
+        schedule = env.schedule
+        if schedule is _FIXED_DELAY:
+            return env.interval, None
+        now = self._clock()
+        # Only a calendar reads the wall clock.
+        loop = self._loop
+        offset = wall_offset(loop) if env._calendar and loop is not None else 0.0
+        at = schedule.next_run(env.interval, rec.origin, rec.due, now, offset)
+        return at - now, at
 
 
 def _unbound() -> float:

@@ -130,7 +130,9 @@ class DelayHeap:
                 continue
             rec.tick = 0
             on_due(env, rec)
-        if heap and self._timer is None:
+        # An entry due at infinity (a calendar with no fire left) waits unarmed:
+        # a timer there would move a virtual clock to infinity.
+        if heap and self._timer is None and heap[0][0] < math.inf:
             self._arm(heap[0][0])
 
 

@@ -12,6 +12,7 @@ import attrs
 from envq import _checks
 from envq._limits import capped_exponential
 from envq._machine import DecisionKind, EnvState, Outcome, QueueState, StopMode, _Enum
+from envq._schedule import fixed_rate_slot
 
 __all__ = [
     "FIXED_DELAY",
@@ -53,13 +54,27 @@ class Rejection(enum.StrEnum):
 
 
 class Schedule(_Enum):
-    """How a periodic envelope's next run is timed."""
+    """How a periodic envelope's next run is timed from its ``interval`` (both members
+    are :class:`envq.Timing` schedules, as :class:`envq.Cron` is)."""
 
     #: Next run ``interval`` after the previous attempt ends (the seed's behaviour).
     FIXED_DELAY = "fixed_delay"
-    #: Next run at the first point of the ``interval`` grid after the attempt ends;
-    #: missed slots are skipped, never burst.
+    #: Next run at the first point of the grid ``origin + n × interval`` after the
+    #: attempt ends; missed slots are skipped, never burst.
     FIXED_RATE = "fixed_rate"
+
+    def first_run(self, at: float, offset: float) -> float:
+        """The first run is when the envelope is armed to run: ``at``."""
+        return at
+
+    def next_run(
+        self, interval: float, origin: float, previous: float, ended: float, offset: float
+    ) -> float:
+        """FIXED_DELAY: ``ended + interval``; FIXED_RATE: the first grid point
+        ``origin + n × interval`` strictly after ``ended``."""
+        if self is Schedule.FIXED_DELAY:
+            return ended + interval
+        return origin + fixed_rate_slot(origin, interval, ended) * interval
 
 
 FIXED_DELAY: Final = Schedule.FIXED_DELAY

@@ -110,6 +110,32 @@ def _choice(kind: type[Plan] | type[envq.StopMode], value: object, field: str) -
         raise DriverError(f"{field} must be one of {names}, got {value!r}") from None
 
 
+class _ModelCron:
+    """A cron calendar over the session's model time (UTC, model second 0 = the Unix
+    epoch), as the protocol defines it: an :class:`envq.Timing` that reads loop times
+    as model times instead of the wall clock."""
+
+    def __init__(self, cron: envq.Cron, session: Session) -> None:
+        self.cron = cron
+        self.session = session
+
+    def _model(self, t: float) -> float:
+        return (t - self.session._t0) / self.session.scale
+
+    def _loop(self, m: float) -> float:
+        return self.session._t0 + m * self.session.scale
+
+    def first_run(self, at: float, offset: float) -> float:
+        """The first fire at or after loop time ``at``."""
+        return self._loop(self.cron.first_fire(self._model(at)))
+
+    def next_run(
+        self, interval: float, origin: float, previous: float, ended: float, offset: float
+    ) -> float:
+        """The first fire after the attempt ended."""
+        return self._loop(self.cron.next_fire(self._model(max(previous, ended))))
+
+
 class Session:
     """One conformance session against envq: the queue under test, a second queue to
     lend envelopes to, the scripted envelopes, and the observations not yet reported.
@@ -372,7 +398,13 @@ class Session:
                 interval=self.real(spec.interval),
                 deadline=self.real(spec.deadline),
                 delay=self.real(spec.delay),
-                schedule=envq.FIXED_RATE if spec.fixed_rate else envq.FIXED_DELAY,
+                schedule=(
+                    _ModelCron(envq.Cron(spec.cron), self)
+                    if spec.cron
+                    else envq.FIXED_RATE
+                    if spec.fixed_rate
+                    else envq.FIXED_DELAY
+                ),
                 on_failure=self.on_failure if spec.policy.has_on_failure else None,
                 retry=retry,
             )

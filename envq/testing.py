@@ -27,6 +27,7 @@ on this loop (marker ``virtual_time``, or the ini option ``envq_virtual_time = a
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 import threading
 import time
@@ -159,7 +160,11 @@ class _VirtualSelector(selectors.BaseSelector):
                     "timer, thread or I/O pending: the awaited result can never arrive"
                 )
             return ready
-        loop._now += timeout
+        # Jump to the earliest timer itself: ``now + timeout`` can round short of it,
+        # and asyncio caps ``timeout`` at one day.
+        scheduled = loop._scheduled
+        target = scheduled[0].when() if scheduled else loop._now + timeout
+        loop._now = max(loop._now, target)
         return []
 
 
@@ -208,6 +213,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._wall_start = time.time() if wall_start is None else wall_start
         super().__init__(selector)
         selector.loop = self
+
+    # Read by asyncio on every iteration: it runs the timers due before
+    # ``time() + _clock_resolution``. Past 2**24 s a fixed 1e-9 rounds away
+    # (``now + 1e-9 == now``), so a timer due now would never run and the loop would
+    # spin; one ulp of the clock's value keeps the bound strictly after now.
+    _scheduled: list[asyncio.TimerHandle]
+
+    @property
+    def _clock_resolution(self) -> float:
+        return max(self._base_resolution, math.ulp(self._now))
+
+    @_clock_resolution.setter
+    def _clock_resolution(self, value: float) -> None:
+        self._base_resolution = value
 
     def time(self) -> float:
         """The virtual monotonic clock, in seconds."""

@@ -208,11 +208,24 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-fixed-rate-burst",
-        "_outcomes.py",
-        "                slot = rec.due + (math.floor((now - rec.due) / env.interval) + 1)"
-        " * env.interval\n",
-        "                slot = rec.due + env.interval\n",
+        "_values.py",
+        "        return origin + fixed_rate_slot(origin, interval, ended) * interval\n",
+        "        return previous + interval\n",
         "FIXED_RATE: after an overrun the missed grid slots are run in a burst, not skipped",
+    ),
+    _m(
+        "schedule-fixed-rate-slot-floor",
+        "_schedule.py",
+        "    while origin + n * interval <= now:\n        n += 1\n",
+        "",
+        "FIXED_RATE trusts the floored quotient: an attempt ending on a slot runs again at once",
+    ),
+    _m(
+        "queue-calendar-restart-keeps-delay",
+        "_lifecycle.py",
+        "            elif env._calendar:\n",
+        "            elif False:\n",
+        "a calendar envelope restarted after a stop waits its old remaining delay",
     ),
     _m(
         "queue-terminal-no-forget",
@@ -309,8 +322,9 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-buffered-delay-ignored",
         "_lifecycle.py",
-        "            delay = self._host._first_delay(env) if rec.state is _BUFFERED else rec.due\n",
-        "            delay = rec.due\n",
+        "            if rec.state is _BUFFERED:\n"
+        "                delay = self._host._first_delay(env)\n",
+        "            if rec.state is _BUFFERED:\n                delay = rec.due\n",
         "envelopes buffered before start() ignore their delay / not_before",
     ),
     _m(

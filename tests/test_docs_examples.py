@@ -42,6 +42,7 @@ PAGES = (
     "events.md",
     "observability.md",
     "retries.md",
+    "schedules.md",
     "threads.md",
     "ports.md",
     "coming-from.md",

@@ -47,6 +47,8 @@ def test_enough_mutants_of_every_engine_file() -> None:
             "_limits",
             "_tasks",
             "_background",
+            "_schedule",
+            "_values",
         )
     }
     assert files == engine

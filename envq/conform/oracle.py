@@ -33,6 +33,7 @@ from the contract's formulas, independently of the engine's ``envq._timers`` and
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import math
 from collections import deque
@@ -60,6 +61,7 @@ from envq._machine import (
     Situation,
     StopMode,
 )
+from envq._schedule import CRON_SLACK
 from envq.conform.protocol import ERRORS, EnvSpec, Plan, Policy, QueueConfig
 from envq.model.envelope import EnvelopeModel
 from envq.model.tables import enabled_targets, lifecycle_moves
@@ -211,7 +213,28 @@ def _decision(spec: EnvSpec) -> DecisionKind:
     }.get(spec.policy, DecisionKind.DROP)
 
 
+def _cron_after(expr: str, t: float) -> float:
+    """The first fire of ``expr`` strictly after model time ``t``: the calendar is UTC
+    and model second 0 is the Unix epoch; a fire within envq's slack of ``t`` counts
+    as at it."""
+    from cronsim import CronSim  # noqa: PLC0415 - needed only by ports declaring cron
+
+    start = math.floor(t + CRON_SLACK)
+    fire = next(CronSim(expr, dt.datetime.fromtimestamp(start, dt.UTC)))
+    return fire.timestamp()
+
+
+def _first_delay(spec: EnvSpec, now: float, delay: float) -> float:
+    """Model seconds from ``now`` to the first run of an envelope armed with
+    ``delay`` to wait: a calendar waits further, for its first fire after that."""
+    if not spec.cron:
+        return delay
+    return _cron_after(spec.cron, math.ceil(now + delay - CRON_SLACK) - 1) - now
+
+
 def _next_run(spec: EnvSpec, sched: float, now: float) -> float:
+    if spec.cron:
+        return _cron_after(spec.cron, max(sched, now)) - now
     if not spec.fixed_rate:
         return spec.interval
     slots = math.floor((now - sched) / spec.interval + 1e-9) + 1
@@ -654,10 +677,13 @@ class Oracle:
                 t.remaining = t.spec.delay
             else:
                 _check(self.life is QS.RUNNING, "I6", f"{name}: admitted while {self.life.name}")
-                self._arrive(t, to, t.spec.delay, now, armed=True)
+                self._arrive(t, to, _first_delay(t.spec, now, t.spec.delay), now, armed=True)
         elif event is EnvEvent.START:
             _check(self.life is QS.RUNNING, "I6", f"{name}: armed while {self.life.name}")
-            delay = t.spec.delay if frm is ES.BUFFERED else t.remaining
+            if frm is ES.BUFFERED:
+                delay = _first_delay(t.spec, now, t.spec.delay)
+            else:  # a calendar skips the fires missed while stopped
+                delay = _first_delay(t.spec, now, 0.0) if t.spec.cron else t.remaining
             self._arrive(t, to, delay, now, armed=True)
         elif event is EnvEvent.DUE:
             _check(self.life is QS.RUNNING, "I6", f"{name}: due while {self.life.name}")

@@ -56,6 +56,7 @@ FEATURES: Final[Mapping[str, str]] = {
     "send_wait": "send_wait(*envs, timeout=...) waits for room",
     "periodic": "envelopes with an interval",
     "fixed_rate": "periodic envelopes on a fixed-rate grid",
+    "cron": "periodic envelopes on a cron calendar (UTC, model second 0 = the Unix epoch)",
     "deadline": "a per-attempt deadline (TIMEOUT)",
     "delay": "a first delay after admission",
     "on_failure": "on_failure decisions: drop, retry_now, retry_after, a crash",
@@ -158,6 +159,9 @@ class EnvSpec:
     deadline: float = 0.0
     delay: float = 0.0
     fixed_rate: bool = False
+    #: A cron expression (5 or 6 fields) read in UTC over model time, model second 0
+    #: being the Unix epoch; "" = none. With one, ``interval`` is 0 and it is periodic.
+    cron: str = ""
     policy: Policy = Policy.NONE
     #: The delay on_failure asks for with :attr:`Policy.RETRY_AFTER`.
     retry_after: float = 2.0
@@ -172,12 +176,13 @@ class EnvSpec:
 
     @property
     def periodic(self) -> bool:
-        """Whether it has an interval."""
-        return self.interval > 0
+        """Whether it has an interval or a cron calendar."""
+        return self.interval > 0 or bool(self.cron)
 
     def to_json(self) -> dict[str, Any]:
-        """The spec as the protocol's JSON object."""
-        return {
+        """The spec as the protocol's JSON object (``cron`` only when set, so ports
+        that do not declare it never see the field)."""
+        data = {
             "type": self.type,
             "interval": self.interval,
             "deadline": self.deadline,
@@ -191,6 +196,9 @@ class EnvSpec:
             "script": [p.value for p in self.script],
             "then": self.then.value,
         }
+        if self.cron:
+            data["cron"] = self.cron
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EnvSpec:

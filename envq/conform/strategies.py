@@ -81,6 +81,7 @@ class Profile:
         return _env_specs(
             periodic=self.has("periodic"),
             fixed_rate=self.has("fixed_rate"),
+            cron=self.has("cron"),
             deadlines=[0.0, 5.0] if self.has("deadline") else [0.0],
             delays=[0.0, 0.0, 2.0, 15.0] if self.has("delay") else [0.0],
             types=["", "a", "b"],
@@ -126,10 +127,16 @@ class Profile:
         return st.sampled_from([0.5, 4.0, 30.0])
 
 
+#: The cron calendars generated (six fields, the first is seconds): every ten model
+#: seconds, and twice a minute at uneven gaps.
+CRON_EXPRS: Final = ("*/10 * * * * *", "5,30 * * * * *")
+
+
 def _env_specs(
     *,
     periodic: bool,
     fixed_rate: bool,
+    cron: bool,
     deadlines: Collection[float],
     delays: Collection[float],
     types: Collection[str],
@@ -148,16 +155,20 @@ def _env_specs(
     for _ in range(POOL_SIZE * 4):
         policy = rng.choice(sorted(policies, key=lambda p: list(Policy).index(p)))
         is_periodic = periodic and rng.random() < 0.4
+        # Drawn only for a port that declares cron: the pools of the others stay as
+        # they were.
+        expr = rng.choice(CRON_EXPRS) if is_periodic and cron and rng.random() < 0.3 else ""
         attempts, base, cap = rng.choice(
             [(3, 1.0, 4.0), (-1, 0.5, 2.0), (1, 1.0, 8.0), (2, 4.0, 2.0), (4, 1.0, 8.0)]
         )
         pool.setdefault(
             EnvSpec(
                 type=rng.choice(sorted(types)),
-                interval=rng.choice([10.0, 25.0]) if is_periodic else 0.0,
+                interval=rng.choice([10.0, 25.0]) if is_periodic and not expr else 0.0,
                 deadline=rng.choice(sorted(deadlines)),
                 delay=rng.choice(sorted(delays)),
-                fixed_rate=is_periodic and fixed_rate and rng.random() < 0.5,
+                fixed_rate=is_periodic and fixed_rate and rng.random() < 0.5 and not expr,
+                cron=expr,
                 policy=policy,
                 retry_after=rng.choice([0.5, 2.0, 12.0]) if policy is Policy.RETRY_AFTER else 2.0,
                 attempts=attempts if policy is Policy.RETRY else 3,
@@ -183,6 +194,15 @@ def _complexity(spec: EnvSpec) -> tuple[int, ...]:
     default = EnvSpec()
     changed = sum(
         getattr(spec, name) != getattr(default, name)
-        for name in ("type", "interval", "deadline", "delay", "fixed_rate", "policy", "then")
+        for name in (
+            "type",
+            "interval",
+            "deadline",
+            "delay",
+            "fixed_rate",
+            "cron",
+            "policy",
+            "then",
+        )
     )
     return (changed, len(spec.script), int(spec.interval), int(spec.deadline), int(spec.delay))

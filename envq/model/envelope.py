@@ -148,11 +148,11 @@ class EnvelopeModel(StateMachine):
     # -- guards ------------------------------------------------------------------------
 
     def is_one_off(self) -> bool:
-        """The attempt is looked up in the one-off rows (``interval == 0``)."""
+        """The attempt is looked up in the one-off rows (``interval == 0``, no calendar)."""
         return self.context.kind is Kind.ONE_OFF
 
     def is_periodic(self) -> bool:
-        """The attempt is looked up in the periodic rows (``interval > 0``)."""
+        """The attempt is looked up in the periodic rows (``interval > 0`` or a calendar)."""
         return self.context.kind is Kind.PERIODIC
 
     def is_blacklisted(self) -> bool:
