@@ -44,11 +44,6 @@ def _conform(
     return status, out.out + out.err
 
 
-class TestExitStatus:
-    def test_the_three_statuses_are_distinct(self) -> None:
-        assert (EXIT_PASS, EXIT_VIOLATION, EXIT_DRIVER) == (0, 1, 2)
-
-
 class TestCrashingDrivers:
     def test_a_driver_that_exits_midway_is_reported_with_its_stderr(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path
@@ -312,6 +307,20 @@ class TestReplayCorpus:
         path.write_text(_lines(SCRIPT_OK))
         assert main(["--replay", str(path)]) == EXIT_PASS
         assert "no violation: 7 commands replayed" in capsys.readouterr().out
+
+    def test_a_reproduced_violation_is_not_bad_input(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The same well-formed script against a faulty driver: status 1, not 2."""
+        path = tmp_path / "script.jsonl"
+        hang = {"cmd": "define", "env": "e1", "spec": {"script": ["hang"]}}
+        send = {"cmd": "send", "envs": ["e1"]}
+        stats = {"cmd": "stats"}
+        path.write_text(_lines([*SCRIPT_OK[:2], hang, {"cmd": "start"}, send, send, stats]))
+        assert main(["--replay", str(path), "--", *DRIVER]) == EXIT_PASS
+        faulty = [sys.executable, str(Path(__file__).resolve().parent / "faulty_drivers.py")]
+        assert main(["--replay", str(path), "--", *faulty, "double_count"]) == EXIT_VIOLATION
+        assert "VIOLATION [I1]" in capsys.readouterr().out
 
     def test_a_release_of_nothing_hanging_is_bad_input(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
