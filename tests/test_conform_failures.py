@@ -399,3 +399,17 @@ class TestResponseLimit:
             main(args)
         assert exited.value.code == EXIT_DRIVER
         assert args[0] in capsys.readouterr().err
+
+
+class TestTransportArguments:
+    @pytest.mark.parametrize("cls", [ProcessDriver, SharedProcess])
+    @pytest.mark.parametrize(
+        ("timeout", "error"),
+        [(0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("60", TypeError)],
+    )
+    def test_a_bad_timeout_is_refused(
+        self, cls: type[ProcessDriver | SharedProcess], timeout: Any, error: type[Exception]
+    ) -> None:
+        """Before any process is started."""
+        with pytest.raises(error, match=r"timeout must .*got "):
+            cls(["no-such-driver"], timeout=timeout)
