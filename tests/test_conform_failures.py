@@ -20,7 +20,13 @@ import pytest
 from envq.conform.harness import Harness, ScriptError, load_script, shape_problem
 from envq.conform.oracle import Violation
 from envq.conform.runner import EXIT_DRIVER, EXIT_PASS, EXIT_VIOLATION, Options, main, run
-from envq.conform.transport import DriverCrashed, ProcessDriver, SharedProcess, model_wait
+from envq.conform.transport import (
+    DriverCrashed,
+    InProcessDriver,
+    ProcessDriver,
+    SharedProcess,
+    model_wait,
+)
 
 BROKEN = [sys.executable, str(Path(__file__).resolve().parent / "broken_drivers.py")]
 DRIVER = [sys.executable, "-m", "envq.driver"]
@@ -413,3 +419,39 @@ class TestTransportArguments:
         """Before any process is started."""
         with pytest.raises(error, match=r"timeout must .*got "):
             cls(["no-such-driver"], timeout=timeout)
+
+
+class _CrashesAfterItsFault:
+    """The reference driver with a double-counting fault, that fails for good once it
+    has shown the fault once (as a port may crash on what follows its own bug)."""
+
+    failed = False
+
+    def __init__(self) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from faulty_drivers import DoubleCount  # noqa: PLC0415 - beside this file
+
+        self._driver = InProcessDriver(DoubleCount)
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        if _CrashesAfterItsFault.failed:
+            raise DriverCrashed(f"the driver's output ended during {command['cmd']!r}")
+        response = self._driver.call(command)
+        if command["cmd"] == "stats" and self._driver._session.phantom:
+            _CrashesAfterItsFault.failed = True
+        return response
+
+    def close(self) -> None:
+        self._driver.close()
+
+
+def test_a_violation_seen_before_the_driver_failed_is_still_reported() -> None:
+    """The run ends with the driver's failure, and the violation it found first is a
+    finding all the same."""
+    _CrashesAfterItsFault.failed = False
+    result = run(_CrashesAfterItsFault, Options(examples=300, steps=30, derandomize=True))
+    assert result.error is not None
+    assert "output ended" in result.error
+    [finding] = result.findings
+    assert finding.key == "I1"
+    assert finding.script[0]["cmd"] == "hello"
