@@ -328,6 +328,18 @@ class TestReplayCorpus:
         assert main(["--replay", str(path), "--", *faulty, "double_count"]) == EXIT_VIOLATION
         assert "VIOLATION [I1]" in capsys.readouterr().out
 
+    def test_a_driver_that_exits_during_a_replay(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Not a violation reproduced: status 2, the exit and the driver's stderr (its
+        5th command is the script's define, after hello, reset, hello and queue)."""
+        path = tmp_path / "script.jsonl"
+        path.write_text(_lines(SCRIPT_OK))
+        assert main(["--replay", str(path), "--", *BROKEN, "exit", "5"]) == EXIT_DRIVER
+        err = capsys.readouterr().err
+        assert "output ended during 'define'; it exited with status 3" in err
+        assert "broken driver: exit at command 5 (define)" in err
+
     def test_a_release_of_nothing_hanging_is_bad_input(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
