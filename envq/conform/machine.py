@@ -44,7 +44,9 @@ class DriverFailed(BaseException):
     """Ends a generated run at once: the driver crashed, hung or answered out of the
     protocol. Not an ``Exception``, so that Hypothesis does not take it for a failing
     example to replay and shrink (a driver that crashes now and then would not crash
-    the same way again, and the crash would be lost in a report of flakiness)."""
+    the same way again, and the crash would be lost in a report of flakiness). Met
+    while Hypothesis replays an earlier failure, it may still come out as a
+    ``Flaky`` error: the runner reads the failure from :attr:`Recorder.failure`."""
 
     def __init__(self, crash: DriverCrashed, script: tuple[dict[str, Any], ...]) -> None:
         super().__init__(str(crash))
