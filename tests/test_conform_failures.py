@@ -20,7 +20,13 @@ import pytest
 from envq.conform.harness import Harness, ScriptError, load_script, shape_problem
 from envq.conform.oracle import Violation
 from envq.conform.runner import EXIT_DRIVER, EXIT_PASS, EXIT_VIOLATION, Options, main, run
-from envq.conform.transport import DriverCrashed, ProcessDriver, SharedProcess, model_wait
+from envq.conform.transport import (
+    DriverCrashed,
+    InProcessDriver,
+    ProcessDriver,
+    SharedProcess,
+    model_wait,
+)
 
 BROKEN = [sys.executable, str(Path(__file__).resolve().parent / "broken_drivers.py")]
 DRIVER = [sys.executable, "-m", "envq.driver"]
@@ -42,11 +48,6 @@ def _conform(
     status = main([*QUICK, "--save", str(tmp_path / "saved"), *args])
     out = capsys.readouterr()
     return status, out.out + out.err
-
-
-class TestExitStatus:
-    def test_the_three_statuses_are_distinct(self) -> None:
-        assert (EXIT_PASS, EXIT_VIOLATION, EXIT_DRIVER) == (0, 1, 2)
 
 
 class TestCrashingDrivers:
@@ -313,6 +314,32 @@ class TestReplayCorpus:
         assert main(["--replay", str(path)]) == EXIT_PASS
         assert "no violation: 7 commands replayed" in capsys.readouterr().out
 
+    def test_a_reproduced_violation_is_not_bad_input(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The same well-formed script against a faulty driver: status 1, not 2."""
+        path = tmp_path / "script.jsonl"
+        hang = {"cmd": "define", "env": "e1", "spec": {"script": ["hang"]}}
+        send = {"cmd": "send", "envs": ["e1"]}
+        stats = {"cmd": "stats"}
+        path.write_text(_lines([*SCRIPT_OK[:2], hang, {"cmd": "start"}, send, send, stats]))
+        assert main(["--replay", str(path), "--", *DRIVER]) == EXIT_PASS
+        faulty = [sys.executable, str(Path(__file__).resolve().parent / "faulty_drivers.py")]
+        assert main(["--replay", str(path), "--", *faulty, "double_count"]) == EXIT_VIOLATION
+        assert "VIOLATION [I1]" in capsys.readouterr().out
+
+    def test_a_driver_that_exits_during_a_replay(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Not a violation reproduced: status 2, the exit and the driver's stderr (its
+        5th command is the script's define, after hello, reset, hello and queue)."""
+        path = tmp_path / "script.jsonl"
+        path.write_text(_lines(SCRIPT_OK))
+        assert main(["--replay", str(path), "--", *BROKEN, "exit", "5"]) == EXIT_DRIVER
+        err = capsys.readouterr().err
+        assert "output ended during 'define'; it exited with status 3" in err
+        assert "broken driver: exit at command 5 (define)" in err
+
     def test_a_release_of_nothing_hanging_is_bad_input(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
@@ -390,3 +417,53 @@ class TestResponseLimit:
             main(args)
         assert exited.value.code == EXIT_DRIVER
         assert args[0] in capsys.readouterr().err
+
+
+class TestTransportArguments:
+    @pytest.mark.parametrize("cls", [ProcessDriver, SharedProcess])
+    @pytest.mark.parametrize(
+        ("timeout", "error"),
+        [(0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("60", TypeError)],
+    )
+    def test_a_bad_timeout_is_refused(
+        self, cls: type[ProcessDriver | SharedProcess], timeout: Any, error: type[Exception]
+    ) -> None:
+        """Before any process is started."""
+        with pytest.raises(error, match=r"timeout must .*got "):
+            cls(["no-such-driver"], timeout=timeout)
+
+
+class _CrashesAfterItsFault:
+    """The reference driver with a double-counting fault, that fails for good once it
+    has shown the fault once (as a port may crash on what follows its own bug)."""
+
+    failed = False
+
+    def __init__(self) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from faulty_drivers import DoubleCount  # noqa: PLC0415 - beside this file
+
+        self._driver = InProcessDriver(DoubleCount)
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        if _CrashesAfterItsFault.failed:
+            raise DriverCrashed(f"the driver's output ended during {command['cmd']!r}")
+        response = self._driver.call(command)
+        if command["cmd"] == "stats" and self._driver._session.phantom:
+            _CrashesAfterItsFault.failed = True
+        return response
+
+    def close(self) -> None:
+        self._driver.close()
+
+
+def test_a_violation_seen_before_the_driver_failed_is_still_reported() -> None:
+    """The run ends with the driver's failure, and the violation it found first is a
+    finding all the same."""
+    _CrashesAfterItsFault.failed = False
+    result = run(_CrashesAfterItsFault, Options(examples=300, steps=30, derandomize=True))
+    assert result.error is not None
+    assert "output ended" in result.error
+    [finding] = result.findings
+    assert finding.key == "I1"
+    assert finding.script[0]["cmd"] == "hello"

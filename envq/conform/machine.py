@@ -11,6 +11,7 @@ under way is kept in :attr:`Recorder.harness`, and its command log is the script
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, NoReturn
 
@@ -43,7 +44,9 @@ class DriverFailed(BaseException):
     """Ends a generated run at once: the driver crashed, hung or answered out of the
     protocol. Not an ``Exception``, so that Hypothesis does not take it for a failing
     example to replay and shrink (a driver that crashes now and then would not crash
-    the same way again, and the crash would be lost in a report of flakiness)."""
+    the same way again, and the crash would be lost in a report of flakiness). Met
+    while Hypothesis replays an earlier failure, it may still come out as a
+    ``Flaky`` error: the runner reads the failure from :attr:`Recorder.failure`."""
 
     def __init__(self, crash: DriverCrashed, script: tuple[dict[str, Any], ...]) -> None:
         super().__init__(str(crash))
@@ -61,6 +64,8 @@ class Recorder:
     known: list[Violation] = attrs.Factory(list)
     #: The first violation raised in this run, with the script that led to it.
     first: tuple[Violation, tuple[dict[str, Any], ...]] | None = None
+    #: The driver's first failure in this run, with the script that led to it.
+    failure: tuple[DriverCrashed, tuple[dict[str, Any], ...]] | None = None
 
     def raised(self, violation: Violation, script: tuple[dict[str, Any], ...]) -> None:
         """Keep the run's first violation (see :attr:`first`)."""
@@ -68,7 +73,10 @@ class Recorder:
             self.first = (violation, script)
 
     def crashed(self, crash: DriverCrashed, script: tuple[dict[str, Any], ...]) -> NoReturn:
-        """End the run: the driver failed (see :class:`DriverFailed`)."""
+        """Keep the driver's first failure (see :attr:`failure`) and end the run (see
+        :class:`DriverFailed`)."""
+        if self.failure is None:
+            self.failure = (crash, script)
         raise DriverFailed(crash, script) from crash
 
 
@@ -104,7 +112,17 @@ def make_machine(
                 driver = connect()
             except DriverCrashed as exc:
                 recorder.crashed(exc, ())
-            self.h = Harness(
+            try:
+                self.h = self._harness(driver)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    driver.close()
+                raise
+            recorder.harness = self.h
+            self.made = 0
+
+        def _harness(self, driver: Driver) -> Harness:
+            return Harness(
                 driver,
                 hello=hello,
                 real_clock=profile.real_clock,
@@ -115,8 +133,6 @@ def make_machine(
                 on_violation=recorder.raised,
                 on_crash=recorder.crashed,
             )
-            recorder.harness = self.h
-            self.made = 0
 
         def _make(self, spec: EnvSpec) -> str:
             self.made += 1

@@ -261,15 +261,23 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
         else:
             first, script = recorder.first
             finding = Finding(first.check, first.row, first.message, script, flaky=True)
-    except DriverFailed as exc:
-        finding = None
-        result.error = str(exc.crash)
-        result.error_script = exc.script
+    except DriverFailed:
+        finding = None  # the recorder has it
     except DriverCrashed as exc:
         finding = None
         result.error = str(exc)
     else:
         finding = None
+    if recorder.failure is not None:
+        # The driver failed: that is the run's result, whatever Hypothesis made of it
+        # (replaying a failing example, it may report a flaky strategy instead). A
+        # violation seen before is still reported, with its script, unshortened.
+        crash, result.error_script = recorder.failure
+        result.error = str(crash)
+        finding = None
+        if recorder.first is not None:
+            first, script = recorder.first
+            result.findings.append(Finding(first.check, first.row, first.message, script))
     if finding is not None:
         if options.shrink and finding.script:
             ignore = (*options.ignore, *declared_keys)

@@ -63,6 +63,15 @@ def model_wait(command: Mapping[str, Any]) -> float:
     return longest
 
 
+def _timeout(timeout: object) -> float:
+    """``timeout`` checked: a finite number of seconds > 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be finite and > 0, got {timeout!r}")
+    return float(timeout)
+
+
 class ProcessDriver:
     """A driver program: ``argv`` started once; one JSON object per line each way.
 
@@ -78,7 +87,7 @@ class ProcessDriver:
 
     def __init__(self, argv: Sequence[str], timeout: float = 60.0) -> None:
         self.argv = list(argv)
-        self.timeout = timeout
+        self.timeout = _timeout(timeout)
         #: Real seconds per model second; 0 until ``hello`` says the clock is real.
         self.scale = 0.0
         #: How many lines the driver has written, and the last one.
@@ -242,7 +251,7 @@ class SharedProcess:
 
     def __init__(self, argv: Sequence[str], timeout: float = 60.0) -> None:
         self.argv = list(argv)
-        self.timeout = timeout
+        self.timeout = _timeout(timeout)
         self._process: ProcessDriver | None = None
         self._used = False
 
