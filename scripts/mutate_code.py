@@ -484,8 +484,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "tasks-shutdown-drops-held",
         "_tasks.py",
-        "            self._flush_held()\n            await queue.run_until_empty()\n",
-        "            await queue.run_until_empty()\n",
+        "                self._flush_held()\n                await queue.run_until_empty()\n",
+        "                await queue.run_until_empty()\n",
         "shutdown() silently never runs tasks enqueued while the queue was stopped",
     ),
     _m(
