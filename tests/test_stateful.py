@@ -734,7 +734,7 @@ class QueueMachine(RuleBasedStateMachine):
             return error, "state", []
         envs = [item for item in items if isinstance(item, envq.Envelope)]
         if len(envs) < len(items):
-            return envq.BadEnvelope, "invalid", []
+            return envq.BadEnvelopeType, "invalid", []
         if any(env.type in self.blacklist for env in envs):
             return envq.TypeBlacklisted, "blacklisted", []
         if any(self.tracks[env].lent for env in envs):
@@ -1075,6 +1075,7 @@ class QueueMachine(RuleBasedStateMachine):
             self._check(elapsed == 0, lambda: f"{w.label} took {elapsed:g} s to fail")
             reason = {
                 envq.TypeBlacklisted: "blacklisted",
+                envq.BadEnvelopeType: "invalid",
                 envq.BadEnvelope: "foreign",
                 envq.CapacityExceeded: "capacity",
             }.get(expect, "state")
