@@ -652,6 +652,7 @@ class TestAccepted:
         """Such a name is the value of the ``name`` label in the Prometheus text format
         (label values take any string; no metric name is built from it)."""
         import prometheus_client  # noqa: PLC0415 - the optional extra, installed for tests
+
         registry = prometheus_client.CollectorRegistry()
         export = envq.prometheus_metrics(envq.Queue('my-queue "eu"'), registry)
         try:
