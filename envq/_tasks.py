@@ -157,8 +157,9 @@ class Task(Generic[T]):
         _check_arguments(name, fn, args, kwargs)
         #: The function, as given.
         self.fn: Final = fn
-        #: Its arguments, as given.
+        #: Its positional arguments, as given.
         self.args: Final = args
+        #: Its keyword arguments, as given.
         self.kwargs: Final = kwargs
         self.name: Final[str] = name
         self._call: Callable[[], Any] = (

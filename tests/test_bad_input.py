@@ -648,6 +648,19 @@ class TestAccepted:
         assert envq.TaskQueue(name).name == name
         assert envq.BackgroundQueue(name).name == name
 
+    def test_a_name_users_write_labels_the_metrics(self) -> None:
+        """Such a name is the value of the ``name`` label in the Prometheus text format
+        (label values take any string; no metric name is built from it)."""
+        import prometheus_client  # noqa: PLC0415 - the optional extra, installed for tests
+
+        registry = prometheus_client.CollectorRegistry()
+        export = envq.prometheus_metrics(envq.Queue('my-queue "eu"'), registry)
+        try:
+            text = prometheus_client.generate_latest(registry).decode()
+        finally:
+            export.close()
+        assert 'workqueue_depth{name="my-queue \\"eu\\""} 0.0' in text
+
     def test_stamps_none_means_none(self) -> None:
         """stamps=None is accepted as no stamps, by Envelope and Queue alike."""
         assert envq.Envelope(invoke=work, stamps=None).stamps == ()

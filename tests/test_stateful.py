@@ -1078,6 +1078,7 @@ class QueueMachine(RuleBasedStateMachine):
             self._check(elapsed == 0, lambda: f"{w.label} took {elapsed:g} s to fail")
             reason = {
                 envq.TypeBlacklisted: "blacklisted",
+                envq.BadEnvelopeType: "invalid",
                 envq.BadEnvelope: "foreign",
                 envq.CapacityExceeded: "capacity",
             }.get(expect, "state")

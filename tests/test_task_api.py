@@ -294,3 +294,67 @@ class TestLoopEndsInAFreshInterpreter:
         )
         assert (done.returncode, done.stdout) == (0, "exiting\nafter: EnvqError\n"), done.stderr
         assert "never ran to their end" in done.stderr
+
+
+class TestFinisherCancelled:
+    """A task's ``after`` callbacks and future are handled by a finisher task on the
+    loop; a loop's teardown may cancel it (``asyncio.run()`` cancels every task)."""
+
+    @staticmethod
+    async def ended_with_callbacks(
+        *blocks: bool,
+    ) -> tuple[envq.TaskQueue, envq.Task[Any], list[str]]:
+        """A task that has ended, its finisher in the first of its after callbacks
+        (``blocks[i]``: callback ``b<i+1>`` never returns)."""
+        ran: list[str] = []
+
+        def blocker(name: str, block: bool) -> Any:
+            async def callback(error: BaseException | None) -> None:
+                ran.append(name)
+                if block:
+                    await asyncio.Event().wait()  # never returns
+
+            callback.__qualname__ = name
+            return callback
+
+        q = envq.TaskQueue()
+        q.start()
+        task = envq.Task(Flaky(fails=0, value="v"))
+        for i, block in enumerate(blocks):
+            task.after(blocker(f"b{i + 1}", block))
+        q.enqueue(task)
+        await asyncio.sleep(1)
+        return q, task, ran
+
+    @staticmethod
+    async def cancel_finisher(q: envq.TaskQueue) -> None:
+        (finisher,) = q._finishing
+        finisher.cancel()
+        await asyncio.sleep(1)
+
+    async def test_a_cancelled_finisher_starts_again_once(self) -> None:
+        """Cancelled once, the finisher goes on with the next callback; the future
+        gets the result when the callbacks are done."""
+        q, task, ran = await self.ended_with_callbacks(True, False)
+        assert ran == ["b1"]
+        assert not task.future.done()
+        await self.cancel_finisher(q)
+        assert ran == ["b1", "b2"]
+        assert task.future.result(timeout=0) == "v"
+        assert not q._finishing
+        await q.shutdown()
+
+    async def test_a_second_cancel_resolves_the_future_and_logs_what_was_skipped(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Cancelled twice, the finisher gives up: the future is resolved all the same
+        and the callbacks that never started are logged."""
+        q, task, ran = await self.ended_with_callbacks(True, True, True)
+        await self.cancel_finisher(q)
+        with caplog.at_level(logging.WARNING, logger="envq"):
+            await self.cancel_finisher(q)
+        assert ran == ["b1", "b2"]
+        assert task.future.result(timeout=0) == "v"
+        assert not q._finishing
+        assert any("b3" in r.getMessage() for r in caplog.records)
+        await q.shutdown()
