@@ -12,14 +12,9 @@ table is checked the same way.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 
 from envq._machine import (
     LIFECYCLE,
