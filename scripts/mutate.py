@@ -180,6 +180,21 @@ EQUIVALENT: Final[tuple[Equivalent, ...]] = (
         " attempt runs that could raise StopType",
     ),
     Equivalent(
+        "TAKES_BACK[*] {RUNNING} :: with INIT",
+        "a move back into the queue happens only at the end of an attempt, and attempts"
+        " run only after ARM has left INIT",
+    ),
+    Equivalent(
+        "TAKES_BACK[*] {RUNNING} :: with STOPPED",
+        "STOPPED is entered only once no worker holds an envelope (FINISH_STOP after"
+        " DRAINED): no attempt or hook ends while STOPPED",
+    ),
+    Equivalent(
+        "TAKES_BACK[*] {RUNNING} :: with TERMINATED",
+        "TERMINATED is entered only from INIT (no workers) or STOPPED, when no worker holds"
+        " an envelope: no attempt or hook ends while TERMINATED",
+    ),
+    Equivalent(
         "DISPATCHING[*] {RUNNING,STOPPING} :: with INIT",
         "workers exist only after ARM, which leaves INIT first: no worker ever sees INIT",
     ),
