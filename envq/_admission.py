@@ -165,7 +165,7 @@ class Admission:
                 continue
             seq += 1
             rec.state = INITIAL
-            rec.kind = KIND_OF[env.periodic]
+            rec.kind = KIND_OF[env._periodic]
             rec.seq = seq
             rec.attempts = 0
             rec.failures = 0

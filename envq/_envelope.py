@@ -222,6 +222,8 @@ class Envelope:
     _calendar: bool = attrs.field(init=False, default=False)
     #: The first delay needs working out (a not_before or a calendar).
     _timed: bool = attrs.field(init=False, default=False)
+    #: :attr:`periodic`, read once (admission reads it for every envelope).
+    _periodic: bool = attrs.field(init=False, default=False)
     _direct: bool = attrs.field(init=False, default=False)
     _rec: _Rec = attrs.field(init=False, factory=_Rec, repr=False)
 
@@ -247,11 +249,12 @@ class Envelope:
         set_(self, "_lean", self.before is None and self.after is None and not self.stamps)
         set_(self, "_calendar", calendar)
         set_(self, "_timed", calendar or self.not_before is not None)
+        set_(self, "_periodic", self.interval > 0 or calendar)
 
     @property
     def periodic(self) -> bool:
         """True for a periodic envelope (``interval > 0``, or a calendar schedule)."""
-        return self.interval > 0 or self._calendar
+        return self._periodic
 
     def evolve(self, **changes: Any) -> Envelope:
         """A validated copy of this envelope with ``changes`` applied (a new identity).

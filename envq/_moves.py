@@ -165,47 +165,37 @@ class Mover:
                 at = rec.origin = self._clock() + delay
             store.hold_delayed(env, rec, at)
         elif to in self._terminal:
-            self._end(env, rec, frm, event, to, cause)
+            # The envelope leaves the queue before its end is reported: a listener may
+            # send it again (here or elsewhere), and statistics() agrees with the event.
+            store.release(env, rec)
+            self._counts.terminal[to] += 1
+            if to is _RETURNED:
+                store.hand_back(env, rec)
+            if self._limiter is not None:
+                forget_limiter(self.name, self._limiter, env)
+            if self.observed:
+                self.observe(env, frm, event, to, cause)
+            if to is _FAILED:
+                if self._dead_letter is not None:
+                    to_dead_letter(
+                        self.name, self._dead_letter, self._dead_async, env, cause, self._loop
+                    )
+                elif (
+                    self._log_unhandled and env.on_failure is None and not self._listeners.handlers
+                ):
+                    unhandled_failure(self.name, env, cause)
+            lifecycle = self._lifecycle
+            if lifecycle is not None and lifecycle.empty_waiters and not store.live:
+                lifecycle.wake_empty()
+            admission = self._admission
+            if admission is not None and admission.waiters:
+                admission.pump()
         elif to is _PARKED or to is _BUFFERED:
             if self.observed:
                 self.observe(env, frm, event, to, cause)
             store.hold_waiting(rec, delay)
         else:
             raise AssertionError(f"{to.name} is not entered through enter()")
-
-    def _end(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        frm: EnvState,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        cause: BaseException | None,
-    ) -> None:
-        # The envelope leaves the queue before its end is reported: a listener may
-        # send it again (here or elsewhere), and statistics() agrees with the event.
-        store = self._store
-        store.release(env, rec)
-        self._counts.terminal[to] += 1
-        if to is _RETURNED:
-            store.hand_back(env, rec)
-        if self._limiter is not None:
-            forget_limiter(self.name, self._limiter, env)
-        if self.observed:
-            self.observe(env, frm, event, to, cause)
-        if to is _FAILED:
-            if self._dead_letter is not None:
-                to_dead_letter(
-                    self.name, self._dead_letter, self._dead_async, env, cause, self._loop
-                )
-            elif self._log_unhandled and env.on_failure is None and not self._listeners.handlers:
-                unhandled_failure(self.name, env, cause)
-        lifecycle = self._lifecycle
-        if lifecycle is not None and lifecycle.empty_waiters and not store.live:
-            lifecycle.wake_empty()
-        admission = self._admission
-        if admission is not None and admission.waiters:
-            admission.pump()
 
     def due(self, env: Envelope, rec: _Rec) -> None:
         """The delay heap's call: ``env``'s time has come."""

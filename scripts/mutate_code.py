@@ -230,10 +230,10 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-terminal-no-forget",
         "_moves.py",
-        "        if self._limiter is not None:\n"
-        "            forget_limiter(self.name, self._limiter, env)\n"
-        "        if self.observed:\n",
-        "        if self.observed:\n",
+        "            if self._limiter is not None:\n"
+        "                forget_limiter(self.name, self._limiter, env)\n"
+        "            if self.observed:\n",
+        "            if self.observed:\n",
         "the retry limiter is never told to forget an envelope that ended",
     ),
     _m(
@@ -253,15 +253,15 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-empty-wakes-early",
         "_moves.py",
-        "        if lifecycle is not None and lifecycle.empty_waiters and not store.live:\n",
-        "        if lifecycle is not None and lifecycle.empty_waiters:\n",
+        "            if lifecycle is not None and lifecycle.empty_waiters and not store.live:\n",
+        "            if lifecycle is not None and lifecycle.empty_waiters:\n",
         "run_until_empty() returns when the first envelope ends",
     ),
     _m(
         "queue-terminal-no-pump",
         "_moves.py",
-        "        if admission is not None and admission.waiters:\n"
-        "            admission.pump()\n",
+        "            if admission is not None and admission.waiters:\n"
+        "                admission.pump()\n",
         "",
         "a slot freed by an envelope's end does not wake the producer waiting in send_wait",
     ),
