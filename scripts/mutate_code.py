@@ -246,8 +246,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-unhandled-ignores-listeners",
         "_moves.py",
-        "env.on_failure is None and not self._listeners.handlers:",
-        "env.on_failure is None:",
+        "env.on_failure is None and not self._listeners.handlers\n",
+        "env.on_failure is None\n",
         "a failure is logged as unhandled although a listener handles it",
     ),
     _m(
