@@ -465,6 +465,22 @@ class TestQueueLimiter:
             await q.run_until_empty()
         assert invoke.times == [0, 2, 6, 14]
 
+    async def test_limiter_spaces_a_timed_out_retry(self) -> None:
+        """A "retry now" after a TIMEOUT waits what the limiter says too (the TIMEOUT row
+        is a failure retry, like ERROR's)."""
+        starts: list[float] = []
+
+        async def slow_then_quick(env: envq.Envelope) -> None:
+            starts.append(asyncio.get_running_loop().time())
+            if len(starts) <= 3:
+                await asyncio.sleep(10)  # past the deadline: TIMEOUT
+
+        env = envq.Envelope(invoke=slow_then_quick, deadline=1, on_failure=retry_now_hook)
+        async with running(limiter=envq.ExponentialBackoff(2, 100)) as q:
+            q.send(env)
+            await q.run_until_empty()
+        assert starts == [0, 3, 8, 17]
+
     async def test_larger_decided_delay_wins(self) -> None:
         """A retry waits max(decided delay, limiter.when(env))."""
         invoke = Starts(fails=3)
