@@ -500,6 +500,22 @@ class TestQueueLimiter:
             await asyncio.sleep(40)
         assert gaps(invoke.times)[:4] == [5, 5, 8, 5]
 
+    async def test_periodic_timeout_waits_at_least_the_limiter(self) -> None:
+        """A periodic envelope's TIMEOUT reschedules after max(interval,
+        limiter.when(env)), as its ERROR does."""
+        starts: list[float] = []
+
+        async def slow_then_quick(env: envq.Envelope) -> None:
+            starts.append(asyncio.get_running_loop().time())
+            if len(starts) <= 3:
+                await asyncio.sleep(10)  # past the deadline: TIMEOUT
+
+        env = envq.Envelope(invoke=slow_then_quick, interval=5, deadline=1)
+        async with running(limiter=envq.ExponentialBackoff(2, 100)) as q:
+            q.send(env)
+            await asyncio.sleep(27)
+        assert starts[:5] == [0, 6, 12, 21, 26]
+
     async def test_forget_on_success_and_on_failure(self) -> None:
         """The limiter forgets an envelope when it succeeds and when it fails for good."""
         lim = envq.ExponentialBackoff(1, 100)
