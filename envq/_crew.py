@@ -250,10 +250,14 @@ class Crew:
         bare_queue = self._bare
         paid = False
         while True:
+            if w.epoch != self.epoch:
+                # A worker of an earlier run (a stop, then a start, before it ever ran):
+                # the new run's workers take the work, and only they are waited for.
+                return
             if not ready:
                 # Ready work only exists while dispatching, so the lifecycle is checked
                 # here, before idling, not on every envelope.
-                if w.epoch != self.epoch or life.state not in DISPATCHING:
+                if life.state not in DISPATCHING:
                     return
                 if deadlines.armed:
                     self.disarm_deadlines()

@@ -509,6 +509,20 @@ def test_random_lifecycle_walk_loses_nothing(ops: list[tuple[Any, ...]], workers
     run(walk(ops, workers))
 
 
+def test_a_worker_of_an_earlier_run_takes_no_work() -> None:
+    """A stop that ends before its workers ever ran, then a start: the first run's
+    workers take no envelope (the second run's do), so terminate() waits for, cancels
+    and hands back what is in flight, and nothing is lost."""
+    ops = [
+        ("start",),
+        ("send", (1, 0, 0, "ok")),
+        ("stop", (envq.StopMode.STOP, False), False),
+        ("start",),
+        ("advance", 0),
+    ]
+    run(walk(ops, 1))
+
+
 class TestFromInside:
     async def test_terminate_from_attempt_raises(self) -> None:
         """terminate() from an attempt raises RuntimeError and the queue keeps running."""
