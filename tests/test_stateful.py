@@ -40,7 +40,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 import attrs
 import pytest
 from faulty_drivers import DoubleCount, PeriodicAfterStop
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import (
@@ -52,6 +52,7 @@ from hypothesis.stateful import (
     multiple,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 from strategies import (
     EnvSpec,
@@ -70,7 +71,18 @@ from strategies import (
 )
 
 import envq
-from envq._machine import ENVELOPE_MOVES, TERMINAL_STATES, CancelCause, EnvEvent, QueueCall
+import envq._outcomes
+from envq._machine import (
+    ENVELOPE_MOVES,
+    OUTCOMES,
+    TERMINAL_STATES,
+    Action,
+    CancelCause,
+    EnvEvent,
+    Kind,
+    OutcomeRow,
+    QueueCall,
+)
 from envq.conform.oracle import (
     LIVE,
     Oracle,
@@ -79,7 +91,8 @@ from envq.conform.oracle import (
     send_error,
     start_result,
 )
-from envq.conform.protocol import ERRORS
+from envq.conform.oracle import Violation as OracleViolation
+from envq.conform.protocol import ERRORS, SLOW_SECONDS
 from envq.driver import Session
 
 T = TypeVar("T")
@@ -1014,3 +1027,93 @@ def test_the_machine_catches_wrong_statistics() -> None:
             machine.oracle_invariants_hold()
     finally:
         machine.teardown()
+
+
+def _no_retry_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong engine: its outcome table (as each new queue resolves it) ends a one-off
+    envelope that raised DoNotRetry as STOPPED, without its on_failure call, instead of
+    FAILED (a move the envelope machine allows, from another row)."""
+    wrong = OutcomeRow(Action.END, ES.STOPPED)
+    table = {**OUTCOMES, (Kind.ONE_OFF, envq.Outcome.NO_RETRY): wrong}
+    monkeypatch.setattr(envq._outcomes, "OUTCOMES", table)
+
+
+def test_the_machine_catches_a_wrong_table_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine can fail: with a wrong row in the engine's outcome table, the step
+    whose attempt reaches the row fails."""
+    _no_retry_stops(monkeypatch)
+    machine = QueueMachine()
+    try:
+        spec = EnvSpec(script=(Plan.NO_RETRY,))
+        with pytest.raises(Violation, match="NO_RETRY led to STOPPED, expected FAILED"):
+            machine.make_queue(QueueConfig(), [spec], started=True)
+    finally:
+        machine.teardown()
+
+
+def test_generated_runs_find_a_wrong_table_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's own generated runs (no shrinking) find the wrong row above."""
+    _no_retry_stops(monkeypatch)
+    quick = settings(
+        max_examples=200,
+        stateful_step_count=30,
+        phases=[Phase.generate],
+        database=None,
+        derandomize=True,
+    )
+    with pytest.raises(Violation, match="NO_RETRY led to STOPPED"):
+        run_state_machine_as_test(QueueMachine, settings=quick)
+
+
+def _running_oracle(spec: EnvSpec) -> Oracle:
+    """An oracle that has seen a started queue admit envelope ``a`` and start running it."""
+    oracle = Oracle(tolerance=EPS)
+    oracle.define("a", spec)
+    oracle.calling = QueueCall.START
+    oracle.observe([{"t": 0.0, "kind": "queue", "from": "init", "to": "running"}])
+    oracle.calling = None
+    oracle.admitting = {"a"}
+    move = {"t": 0.0, "kind": "move", "env": "a", "outcome": None, "cause": None}
+    oracle.observe(
+        [{**move, "from": "new", "to": "ready"}, {**move, "from": "ready", "to": "running"}]
+    )
+    return oracle
+
+
+def test_oracle_rejects_a_second_invoke_of_one_attempt() -> None:
+    """An envelope's invoke called again while its attempt runs (two attempts at once)."""
+    oracle = _running_oracle(EnvSpec(then=Plan.SLOW))
+    invoke = {"t": 0.0, "kind": "invoke", "env": "a", "plan": "slow"}
+    oracle.observe([invoke])
+    with pytest.raises(OracleViolation, match="invoked again while its attempt runs"):
+        oracle.observe([invoke])
+
+
+def test_oracle_rejects_an_attempt_that_ends_before_its_body() -> None:
+    """A SLOW attempt reported OK before its body slept its time."""
+    oracle = _running_oracle(EnvSpec(then=Plan.SLOW))
+    oracle.observe([{"t": 0.0, "kind": "invoke", "env": "a", "plan": "slow"}])
+    early = {"t": SLOW_SECONDS / 2, "kind": "move", "env": "a", "from": "running"}
+    done = {**early, "to": "succeeded", "outcome": "ok", "cause": None}
+    with pytest.raises(OracleViolation, match=r"attempt \(slow\) from 0 ended at"):
+        oracle.observe([done])
+
+
+def test_oracle_accepts_an_attempt_that_ends_after_its_body() -> None:
+    """The same attempt reported OK once its body has slept its time passes."""
+    oracle = _running_oracle(EnvSpec(then=Plan.SLOW))
+    oracle.observe([{"t": 0.0, "kind": "invoke", "env": "a", "plan": "slow"}])
+    done = {"t": SLOW_SECONDS, "kind": "move", "env": "a", "from": "running", "to": "succeeded"}
+    oracle.observe([{**done, "outcome": "ok", "cause": None}])
+    assert oracle.tracks["a"].state is ES.SUCCEEDED
+
+
+def test_oracle_predicts_a_batch_with_a_non_envelope() -> None:
+    """send() of a batch with something that is not an envelope: rejected as invalid
+    (after the state check), admitting nothing."""
+    oracle = Oracle()
+    oracle.define("a", EnvSpec())
+    assert oracle.predict_send(["a"], valid=False) == ("bad_envelope", "invalid", [])
+    assert oracle.predict_send(["a"]) == (None, "", ["a"])
+    oracle.life = QS.TERMINATED
+    assert oracle.predict_send(["a"], valid=False) == ("queue_terminated", "state", [])
