@@ -20,7 +20,9 @@ and, where one is at stake, the table row. The oracle also records which checks 
 rows it exercised (:class:`Coverage`) for the conformance report.
 
 Times are model seconds; ``tolerance`` widens every timing check for a port on the
-real clock.
+real clock. The time arithmetic (the FIXED_RATE schedule grid, the retry backoff) is
+the oracle's own, from the contract's formulas, on purpose: an engine's arithmetic is
+checked against an independent statement of it, not against itself.
 """
 
 from __future__ import annotations
