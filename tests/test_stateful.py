@@ -766,7 +766,8 @@ class QueueMachine(RuleBasedStateMachine):
         except envq.EnvqError as exc:
             got = exc
         expected = ERRORS["BadEnvelope"] if t.state in LIVE else None
-        self._answered(f"other.send({env}) while {t.state.name} here", expected, got, "LEND")
+        what = f"other.send({env}) while {t.state.name} here"
+        assert error_name(got) == expected, f"{what}: expected {expected}, got {got!r}"
         if got is None and not t.lent:
             t.lent = True
             oracle.lent.append(env)
@@ -844,6 +845,7 @@ class QueueMachine(RuleBasedStateMachine):
         oracle = self.oracle
         stats = self.q.statistics()
         assert self.q.capacity_used == stats.capacity_used == len(oracle.live())
+        assert self.q.state is stats.state is oracle.life, (self.q.state, oracle.life)
         for state in TERMINAL_STATES:
             got = stats.by_state.get(state, 0)
             assert got == oracle.terminal_counts[state], (state, got, oracle.terminal_counts)
