@@ -1,34 +1,29 @@
-"""Stateful property test: the real ``envq.Queue`` driven step by step beside a model.
+"""Stateful property test: the real ``envq.Queue`` driven step by step beside the oracle.
 
-A Hypothesis ``RuleBasedStateMachine`` owns a :class:`envq.testing.VirtualTimeLoop`
-(rules cannot be async, Hypothesis issue #4107): every rule runs one coroutine on it
-to quiescence, and time only moves when a rule advances it.
+A Hypothesis ``RuleBasedStateMachine`` drives one queue on a
+:class:`envq.testing.VirtualTimeLoop` (rules cannot be async, Hypothesis issue #4107):
+every rule runs one coroutine on it to quiescence, and time only moves when a rule
+advances it.
 
-The envelopes are scripted: each attempt takes the next :class:`Plan` of its envelope's
-script (then the envelope's default, OK, SLOW, LONG or HANG) and returns, raises,
-sleeps, or hangs until released, cancelled or cut off by its deadline; rules append
-plans. The model is plain Python:
+The envelopes are the reference driver's (:class:`envq.driver.Session`): each attempt
+takes the next plan of its envelope's script (then the envelope's default, OK, SLOW,
+LONG or HANG) and returns, raises, sleeps, or hangs until released, cancelled or cut off
+by its deadline; rules append plans. The session reports what happens as the driver
+protocol's observations (every move of the queue and of each envelope, every attempt's
+start and cancel, every ``on_failure`` call), and each observation goes to
+:class:`envq.conform.oracle.Oracle` as it is made: the one model of the package, the
+same one ``envq conform`` checks other ports with. The oracle follows every envelope
+(its state, stays, attempts, due time, the attempt in flight), the lifecycle, the stop
+under way and the counters, and checks every move against the tables and the
+python-statemachine models. This test keeps no envelope tracking of its own.
 
-* every envelope ever admitted (by identity), its current state, its stays in the
-  queue (a re-send after a terminal state starts a new one from NEW), its due time or
-  remaining delay, its attempt counters and the attempt in flight;
-* the lifecycle state, the stop under way (mode, completed and cancelled attempts)
-  and the last final stop report;
-* the type blacklist, the send_wait producers, and the counters ``statistics()``
-  reports.
-
-A listener checks every event as it happens: each envelope's events are a path through
-``ENVELOPE_MOVES`` from NEW, and each move is the one the model predicts (the outcome
-of the scripted attempt, the state it leads to with its delay, ``on_failure`` call and
-cause, the due time of a delay, a parked envelope's remaining delay). Where an attempt
-leads is the package's one oracle (:func:`envq.conform.oracle.expected_outcome` and
-:func:`~envq.conform.oracle.expected_target`, which takes the state from the
-python-statemachine model, written from the contract rather than from
-``envq._machine``), the same one ``envq conform`` checks other ports with. Invariants
-after every step compare the model with ``capacity_used`` and ``statistics()``.
-Expected exceptions are the ones the model predicts, by exact type. Problems found
-inside the loop (in the listener, ``invoke`` or a hook, where raising would only be
-logged or turned into an outcome) are collected and raised when the step ends.
+What the protocol cannot express is the test's: calls made straight on the queue
+(``send`` with items that are not envelopes, ``send_wait`` producers that wait in the
+background while later rules run, ``statistics()`` and ``capacity_used`` as Python
+objects), each checked against what the oracle predicts. Expected errors are the ones
+the oracle predicts, by exact type. Problems found inside the loop (an observation
+the oracle rejects, a producer's result), where raising would only be logged or turned
+into an outcome, are collected and raised when the step ends.
 """
 
 from __future__ import annotations
@@ -43,7 +38,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
 import attrs
-from hypothesis import settings
+import pytest
+from faulty_drivers import DoubleCount, PeriodicAfterStop
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import (
@@ -55,13 +52,11 @@ from hypothesis.stateful import (
     multiple,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 from strategies import (
-    LONG_SECONDS,
-    SLOW_SECONDS,
     EnvSpec,
     Plan,
-    Policy,
     QueueConfig,
     StopCall,
     bad_items,
@@ -76,33 +71,40 @@ from strategies import (
 )
 
 import envq
-from envq._machine import ENVELOPE_MOVES, LIFECYCLE, CancelCause, EnvEvent, QueueCall
+import envq._outcomes
+from envq._machine import (
+    ENVELOPE_MOVES,
+    OUTCOMES,
+    TERMINAL_STATES,
+    Action,
+    CancelCause,
+    EnvEvent,
+    Kind,
+    OutcomeRow,
+    QueueCall,
+)
 from envq.conform.oracle import (
-    ALLOWED_LIVE,
-    CALL_MOVES,
-    DRAINED_MOVE,
     LIVE,
-    AttemptLog,
-    expected_outcome,
-    expected_target,
+    Oracle,
     infer_event,
     room_in_time,
+    send_error,
+    start_result,
 )
-from envq.conform.protocol import CAUSES
-from envq.testing import VirtualTimeLoop
+from envq.conform.oracle import Violation as OracleViolation
+from envq.conform.protocol import ERRORS, SLOW_SECONDS
+from envq.driver import Session
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
 ES = envq.EnvState
 QS = envq.QueueState
-O = envq.Outcome  # noqa: E741 - short alias like ES/QS
 DRAIN = envq.StopMode.DRAIN
 STOP = envq.StopMode.STOP
 
-TERMINAL = (ES.SUCCEEDED, ES.FAILED, ES.STOPPED, ES.RETURNED)
 #: Virtual seconds a rule waits for a stop, wait_stopped or terminate before it
-#: concludes the call will never return (which the model must then explain: an attempt
+#: concludes the call will never return (which the oracle must then explain: an attempt
 #: hanging without a deadline). Far longer than any backlog of LONG attempts a DRAIN
 #: stop runs; virtual time costs nothing.
 GUARD = 100_000.0
@@ -112,45 +114,20 @@ SETTLE_PASSES = 200
 EPS = 1e-9
 #: More attempts of one envelope at one instant than this is a livelock.
 LIVELOCK = 200
-
-#: What ``send()`` raises in each lifecycle state (contract §3), None = accepted.
-SEND_ERROR: dict[envq.QueueState, type[envq.EnvqError] | None] = {
-    QS.INIT: None,
-    QS.RUNNING: None,
-    QS.STOPPING: envq.QueueStopping,
-    QS.STOPPED: envq.QueueNotRunning,
-    QS.TERMINATED: envq.QueueTerminated,
-}
-#: What ``start()`` does in each state: the next state, or the error it raises.
-START_RESULT: dict[envq.QueueState, envq.QueueState | type[envq.EnvqError]] = {
-    QS.INIT: QS.RUNNING,
-    QS.RUNNING: QS.RUNNING,
-    QS.STOPPING: envq.QueueStopping,
-    QS.STOPPED: QS.RUNNING,
-    QS.TERMINATED: envq.QueueTerminated,
-}
-#: The exception class of each of the protocol's cause names (the oracle names causes
-#: as the driver protocol does; envq raises and reports these classes).
-CAUSE_CLASSES: dict[str, type[BaseException]] = {
-    CAUSES[cls.__name__]: cls
-    for cls in (
-        RuntimeError,
-        TimeoutError,
-        asyncio.CancelledError,
-        envq.StopEnvelope,
-        envq.StopType,
-        envq.DoNotRetry,
-        envq.MaxRetriesExceeded,
-    )
+#: The rejection reason counted for each error a waiting producer may get at once.
+REJECTION_REASONS = {
+    ERRORS["TypeBlacklisted"]: "blacklisted",
+    ERRORS["BadEnvelope"]: "foreign",
+    ERRORS["CapacityExceeded"]: "capacity",
 }
 
 
-def _retry(spec: EnvSpec) -> envq.Retry | None:
-    """The ``envq.Retry`` of a :attr:`Policy.RETRY` spec (no jitter: the model predicts
-    each backoff exactly)."""
-    if spec.policy is not Policy.RETRY:
+def error_name(exc: BaseException | None) -> str | None:
+    """The driver protocol's name of the exact class of ``exc`` (None: no error)."""
+    if exc is None:
         return None
-    return envq.Retry(attempts=spec.attempts, base=spec.base, cap=spec.cap, jitter=False)
+    name = type(exc).__name__
+    return ERRORS.get(name, f"other:{name}")
 
 
 async def settle() -> None:
@@ -167,18 +144,17 @@ async def settle() -> None:
 
 
 class Violation(AssertionError):
-    """A check of the model failed (inside the event loop, or in a rule or invariant)."""
+    """A check failed (inside the event loop, or in a rule or invariant)."""
 
 
 def one_origin(fn: Callable[P, T]) -> Callable[P, T]:
     """Report every failed check of a rule or invariant as one Violation raised here.
 
     Hypothesis tells failures apart by where they were raised (and what they were
-    raised from); a broken engine typically trips several of the model's checks (or
-    makes a call raise something unexpected), and
-    Hypothesis would then shrink and report each separately, for minutes. Raising
-    outside the ``except`` block drops the context, so all share one origin; the
-    original traceback is kept in the message.
+    raised from); a broken engine typically trips several checks (or makes a call
+    raise something unexpected), and Hypothesis would then shrink and report each
+    separately, for minutes. Raising outside the ``except`` block drops the context,
+    so all share one origin; the original traceback is kept in the message.
     """
 
     @functools.wraps(fn)
@@ -195,131 +171,69 @@ def one_origin(fn: Callable[P, T]) -> Callable[P, T]:
     return checked
 
 
-# ---------------------------------------------------------------------------------------
-# The model
-# ---------------------------------------------------------------------------------------
+def observed(base: type[Session], feed: Callable[[dict[str, Any]], None]) -> Session:
+    """A virtual-clock session of ``base`` (the reference driver, or a faulty variant)
+    whose observations go to ``feed`` as they are made, rather than into a response."""
 
+    class Observed(base):  # type: ignore[valid-type, misc]
+        def observe(self, kind: str, **fields: Any) -> None:
+            super().observe(kind, **fields)
+            feed(self.events.pop())
 
-@attrs.define(eq=False)
-class Attempt(AttemptLog):
-    """One attempt of a scripted envelope, as its ``invoke`` saw it: the oracle's
-    record of an attempt, plus the event a HANG attempt waits on until released."""
-
-    gate: asyncio.Event | None = None
-
-
-@attrs.define(eq=False)
-class Track:
-    """The model of one envelope, across all its stays in the queue."""
-
-    env: envq.Envelope
-    #: The envelope's id: the order in which the test made it.
-    number: int
-    spec: EnvSpec
-    script: deque[Plan] = attrs.Factory(deque)
-    state: envq.EnvState = ES.NEW
-    #: Admissions so far (a re-send after a terminal state is a new stay).
-    stays: int = 0
-    #: Terminal events so far (one per stay that has ended).
-    ends: int = 0
-    #: Admission number of the current stay (the queue's admission order).
-    seq: int = 0
-    #: Attempts in this stay; consecutive failures of a periodic envelope.
-    attempts: int = 0
-    failures: int = 0
-    #: DELAYED: the loop time it becomes READY.
-    due: float = 0.0
-    #: BUFFERED/PARKED: the delay still to wait when armed.
-    remaining: float = 0.0
-    #: READY/RUNNING: the scheduled start of the run (for FIXED_RATE).
-    sched: float = 0.0
-    attempt: Attempt | None = None
-    #: Attempts of this envelope in progress right now (must stay <= 1).
-    active: int = 0
-    #: Live in the other queue.
-    lent: bool = False
-    #: Attempts started at the loop time ``burst_at`` (livelock detection).
-    burst: int = 0
-    burst_at: float = -1.0
-
-
-@attrs.define(eq=False)
-class RunLog:
-    """A stop under way, as the model sees it."""
-
-    mode: envq.StopMode
-    completed: list[envq.Envelope] = attrs.Factory(list)
-    cancelled: list[envq.Envelope] = attrs.Factory(list)
+    return cast("Session", Observed("virtual"))
 
 
 @attrs.define(eq=False)
 class Waiter:
-    """One ``send_wait`` producer and its batch."""
+    """One ``send_wait`` producer and its batch (by envelope name)."""
 
-    envs: tuple[envq.Envelope, ...]
+    names: tuple[str, ...]
     started: float
     timeout: float
-    #: "now" (admitted at once), "wait", or the error expected at once.
-    expect: str | type[envq.EnvqError]
+    #: "now" (admitted at once), "wait", or the protocol's name of the error expected
+    #: at once.
+    expect: str
     task: asyncio.Task[None] | None = None
     #: The envelopes of the batch admitted so far (all at once, or none).
-    got: set[envq.Envelope] = attrs.Factory(set)
-    #: The model saw room for it while it was first in line.
+    got: set[str] = attrs.Factory(set)
+    #: Room was free for it while it was first in line.
     room_as_head: bool = False
-    #: Errors of the lifecycle states the queue passed through while it waited.
-    state_errors: set[type[envq.EnvqError]] = attrs.Factory(set)
+    #: Errors (by name) of the lifecycle states the queue passed through while it waited.
+    state_errors: set[str] = attrs.Factory(set)
     checked: bool = False
 
     @property
     def admitted(self) -> bool:
-        return len(self.got) == len(self.envs)
+        return len(self.got) == len(self.names)
 
     @property
     def label(self) -> str:
-        return f"send_wait({', '.join(map(repr, self.envs))})"
+        return f"send_wait({', '.join(self.names)})"
 
 
 class QueueMachine(RuleBasedStateMachine):
-    """Drives one real queue (and a second one envelopes can be lent to)."""
+    """Drives one real queue (and a second one envelopes can be lent to) beside the
+    oracle."""
 
-    envelopes: Bundle[envq.Envelope] = Bundle("envelopes")
+    envelopes: Bundle[str] = Bundle("envelopes")
+    #: The session whose envelopes and listener the queue gets: the reference driver's,
+    #: or a deliberately faulty variant (the tests that show the machine can fail).
+    session_class: type[Session] = Session
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = VirtualTimeLoop()
+        self.oracle = Oracle(tolerance=EPS)
+        self.session = observed(self.session_class, self._feed)
+        self.loop = self.session.loop
         self.config = QueueConfig()
-        self._q: envq.Queue | None = None
-        self.other = envq.Queue("other")
-        self.tracks: dict[envq.Envelope, Track] = {}
         self.made = 0
-        self.admissions = 0
-        #: Envelopes live in the other queue, in the order they were sent there.
-        self.lent: list[envq.Envelope] = []
-        #: Envelopes a call under way may admit (send, send_wait producers).
-        self.admitting: set[envq.Envelope] = set()
-        self.failure_calls: list[tuple[envq.Envelope, BaseException, int]] = []
-        self.calling: QueueCall | None = None
-        self.livelocked = False
-        self._fresh_queue_model()
+        self.waiters: list[Waiter] = []
         self.violations: list[str] = []
         self.recent: deque[str] = deque(maxlen=40)
-
-    def _fresh_queue_model(self) -> None:
-        """The model of a new queue: INIT, no blacklist, no stop, zero counters."""
-        self.life = QS.INIT
-        self.stop_request: envq.StopMode = DRAIN
-        self.run: RunLog | None = None
-        self.last_report = envq.StopReport()
-        self.blacklist: set[str] = set()
-        #: RETURNED events not yet matched with what terminate() handed back.
-        self.returned: list[envq.Envelope] = []
-        self.waiters: list[Waiter] = []
-        self.terminal_counts = dict.fromkeys(TERMINAL, 0)
-        self.outcomes = dict.fromkeys(O, 0)
-        self.dedups = 0
-        self.rejections = dict.fromkeys(
-            ("state", "invalid", "blacklisted", "foreign", "capacity"), 0
-        )
+        #: Livelock guard: attempts started per envelope at the loop time ``burst_at``.
+        self.burst_at = -1.0
+        self.bursts: dict[str, int] = {}
+        self.livelocked = False
 
     # -----------------------------------------------------------------------------------
     # Plumbing
@@ -327,11 +241,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     @property
     def q(self) -> envq.Queue:
-        assert self._q is not None
-        return self._q
+        assert self.session.q is not None
+        return self.session.q
 
     def now(self) -> float:
-        return self.loop.time()
+        return self.session.now()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one step's coroutine, then let the loop settle; report violations."""
@@ -359,30 +273,21 @@ class QueueMachine(RuleBasedStateMachine):
         if not ok:
             self.violations.append(f"t={self.now():g}: {message()}")
 
-    def _make(self, spec: EnvSpec) -> envq.Envelope:
+    def _answered(
+        self, what: str, expected: str | None, got: BaseException | None, row: str
+    ) -> None:
+        """A call answered as the oracle predicted: success, or exactly this error."""
+        self.oracle.check_call(what, expected, got is None, error_name(got), row)
+
+    def _make(self, spec: EnvSpec) -> str:
         self.made += 1
-        env = envq.Envelope(
-            invoke=self._invoke,
-            id=self.made,
-            type=spec.type,
-            interval=spec.interval,
-            deadline=spec.deadline,
-            delay=spec.delay,
-            schedule=envq.FIXED_RATE if spec.fixed_rate else envq.FIXED_DELAY,
-            on_failure=self._on_failure if spec.policy.has_on_failure else None,
-            retry=_retry(spec),
-        )
-        self.tracks[env] = Track(env, self.made, spec, deque(spec.script))
-        return env
+        name = f"e{self.made}"
+        self.session.cmd_define({"env": name, "spec": spec.to_json()})
+        self.oracle.define(name, spec)
+        return name
 
-    def _in(self, *states: envq.EnvState) -> list[Track]:
-        return [t for t in self.tracks.values() if t.state in states]
-
-    def _live(self) -> list[Track]:
-        return self._in(*LIVE)
-
-    def _parked(self) -> tuple[envq.Envelope, ...]:
-        return tuple(t.env for t in sorted(self._in(ES.PARKED), key=lambda t: t.seq))
+    def _env(self, name: str) -> envq.Envelope:
+        return self.session.envs[name]
 
     def _pending_waiters(self) -> list[Waiter]:
         return [
@@ -391,334 +296,86 @@ class QueueMachine(RuleBasedStateMachine):
             if w.expect == "wait" and not w.admitted and w.task is not None and not w.task.done()
         ]
 
-    def _blocked(self) -> bool:
-        """Whether an attempt in flight can only end by a release or a cancel."""
-        return any(
-            t.attempt is not None
-            and t.attempt.hanging
-            and t.spec.deadline == 0
-            and t.attempt.cancel_cause is None
-            for t in self._in(ES.RUNNING)
-        )
+    # -----------------------------------------------------------------------------------
+    # Observations: each goes to the oracle as it is made
+    # -----------------------------------------------------------------------------------
 
-    def _request_cancel(self, cause: CancelCause) -> None:
-        for t in self._in(ES.RUNNING):
-            if t.attempt is not None:
-                t.attempt.cancel_cause = cause
-
-    @staticmethod
-    def _expect_error(
-        what: str, expected: type[BaseException] | None, got: BaseException | None
-    ) -> None:
-        if expected is None:
-            assert got is None, f"{what}: expected success, got {got!r}"
+    def _feed(self, ev: dict[str, Any]) -> None:
+        kind, now = ev["kind"], float(ev["t"])
+        if kind == "queue":
+            self.recent.append(f"t={now:g} queue: {ev['from']} -> {ev['to']}")
         else:
-            assert type(got) is expected, f"{what}: expected {expected.__name__}, got {got!r}"
-
-    # -----------------------------------------------------------------------------------
-    # The scripted envelope's callables
-    # -----------------------------------------------------------------------------------
-
-    async def _invoke(self, env: envq.Envelope) -> None:
-        t = self.tracks[env]
-        self._check(t.state is ES.RUNNING, lambda: f"{env!r}: invoked while {t.state.name}")
-        self._check(t.active == 0, lambda: f"{env!r}: two attempts at once")
-        plan = t.script.popleft() if t.script else t.spec.then
-        att = t.attempt = Attempt(plan, self.now())
-        t.active += 1
+            detail = {k: v for k, v in ev.items() if k not in ("t", "kind", "env") and v}
+            self.recent.append(f"t={now:g} {ev['env']}: {kind} {detail}")
+        if kind == "invoke":
+            self._watch_for_livelock(str(ev["env"]), now)
+        if kind == "move" and ev["from"] == ES.NEW.value:
+            self._producer_admits(str(ev["env"]), now)
         try:
-            if plan in (Plan.SLOW, Plan.LONG):
-                await asyncio.sleep(SLOW_SECONDS if plan is Plan.SLOW else LONG_SECONDS)
-                plan = Plan.OK
-            elif plan is Plan.HANG:
-                att.gate = asyncio.Event()
-                await att.gate.wait()
-                assert att.release is not None
-                plan = att.release
-            att.final = plan
-        except asyncio.CancelledError:
-            att.cancelled_at = self.now()
-            raise
-        finally:
-            t.active -= 1
-        if plan is Plan.ERROR:
-            raise RuntimeError(f"{env!r}: planned error")
-        if plan is Plan.STOP:
-            raise envq.StopEnvelope
-        if plan is Plan.STOP_TYPE:
-            if env.type:
-                self.blacklist.add(env.type)
-            raise envq.StopType
-        if plan is Plan.NO_RETRY:
-            raise envq.DoNotRetry
-
-    async def _on_failure(
-        self, env: envq.Envelope, exc: BaseException, attempt: int
-    ) -> envq.Decision | None:
-        self.failure_calls.append((env, exc, attempt))
-        policy = self.tracks[env].spec.policy
-        if policy is Policy.DROP:
-            return envq.drop()
-        if policy is Policy.RETRY_NOW:
-            return envq.retry_now()
-        if policy is Policy.RETRY_AFTER:
-            return envq.retry_after(self.tracks[env].spec.retry_after)
-        if policy is Policy.CRASH:
-            raise RuntimeError("on_failure crashed (planned)")
-        return None
-
-    # -----------------------------------------------------------------------------------
-    # The listener: every event is checked against the tables and the model
-    # -----------------------------------------------------------------------------------
-
-    def _on_event(self, ev: envq.Event) -> None:
-        who = "queue" if ev.envelope is None else repr(ev.envelope)
-        outcome = f" [{ev.outcome.name}]" if ev.outcome is not None else ""
-        self.recent.append(
-            f"t={ev.time:g} {who}: {ev.from_state.name} -> {ev.to_state.name}{outcome}"
-        )
-        try:
-            if ev.envelope is None:
-                self._queue_event(ev)
-            else:
-                self._envelope_event(ev, ev.envelope)
+            self.oracle.observe([ev])
         except AssertionError as exc:
-            self.violations.append(f"t={ev.time:g} {who}: {exc}")
-            self._resync(ev)
+            self.violations.append(f"t={now:g}: {exc}")
+            self.oracle.resync(ev)
         except Exception:
-            self.violations.append(f"model crashed on {ev}:\n{traceback.format_exc()}")
-            self._resync(ev)
-
-    def _resync(self, ev: envq.Event) -> None:
-        """After a violation, follow the engine so that one wrong move is reported once
-        rather than as a cascade."""
-        if ev.envelope is None:
-            if isinstance(ev.to_state, envq.QueueState):
-                self.life = ev.to_state
-        elif ev.envelope in self.tracks and isinstance(ev.to_state, envq.EnvState):
-            self.tracks[ev.envelope].state = ev.to_state
-
-    def _queue_event(self, ev: envq.Event) -> None:
-        frm, to = ev.from_state, ev.to_state
-        assert isinstance(frm, envq.QueueState), frm
-        assert isinstance(to, envq.QueueState), to
-        assert frm is self.life, f"queue event from {frm.name}, model has {self.life.name}"
-        assert frm is not to, f"queue event {frm.name} -> {to.name} changes nothing"
-        assert any(row.target is to for (s, _c), row in LIFECYCLE.items() if s is frm), (
-            f"no LIFECYCLE row leads {frm.name} -> {to.name}"
-        )
-        move = (frm, to)
-        assert move in CALL_MOVES[self.calling] or move == DRAINED_MOVE, (
-            f"{frm.name} -> {to.name} during {self.calling}"
-        )
-        if to is QS.STOPPING:
-            self.run = RunLog(self.stop_request)
-        if move == DRAINED_MOVE:
-            assert not self._in(ES.RUNNING), "stop ended with attempts in flight"
-            stray = [t for t in self._live() if t.state is not ES.PARKED]
-            assert not stray, f"stop ended with {[(t.env, t.state.name) for t in stray]}"
-            run = self.run
-            assert run is not None
-            self.last_report = envq.StopReport(
-                parked=self._parked(),
-                completed=tuple(run.completed),
-                cancelled=tuple(run.cancelled),
-                complete=True,
-            )
-            self.run = None
-        error = SEND_ERROR[to]
-        if error is not None:
-            for w in self._pending_waiters():
-                w.state_errors.add(error)
-        self.life = to
-
-    def _envelope_event(self, ev: envq.Event, env: envq.Envelope) -> None:
-        t = self.tracks.get(env)
-        assert t is not None, f"event for an envelope the test never made: {env!r}"
-        frm, to = ev.from_state, ev.to_state
-        assert isinstance(frm, envq.EnvState), frm
-        assert isinstance(to, envq.EnvState), to
-        if to is ES.RUNNING:
-            self._watch_for_livelock(t, ev.time)
-        if frm is ES.NEW:
-            assert t.state is ES.NEW or t.state in TERMINAL, f"re-admitted while {t.state.name}"
-        else:
-            assert frm is t.state, f"move from {frm.name}, but the model has it {t.state.name}"
-        event: EnvEvent | envq.Outcome | None = ev.outcome or infer_event(frm, to)
-        assert event is not None, f"no event moves {frm.name} -> {to.name}"
-        assert to in ENVELOPE_MOVES.get((frm, event), ()), (
-            f"illegal move {frm.name} --{event.name}--> {to.name}"
-        )
-        now = ev.time
-        if isinstance(event, envq.Outcome):
-            self._outcome_event(ev, t, event)
-        elif event is EnvEvent.SEND:
-            assert not t.lent, "admitted while live in the other queue"
-            if env in self.admitting:
-                self.admitting.discard(env)
-            else:
-                producers = [
-                    w
-                    for w in self.waiters
-                    if env in w.envs and w.expect in ("now", "wait") and env not in w.got
-                ]
-                assert producers, "admitted without a send"
-                w = producers[0]
-                w.got.add(env)
-                if w.admitted:
-                    self._check_no_overtake(w, now)
-            self.admissions += 1
-            t.stays += 1
-            t.seq = self.admissions
-            t.attempts = t.failures = 0
-            t.attempt = None
-            if self.life is QS.INIT:
-                assert to is ES.BUFFERED, f"sent to an INIT queue, went {to.name}"
-                t.remaining = t.spec.delay
-            else:
-                assert self.life is QS.RUNNING, f"admitted while {self.life.name}"
-                self._arrive(t, to, t.spec.delay, now, armed=True)
-        elif event is EnvEvent.START:
-            assert self.life is QS.RUNNING, f"armed while {self.life.name}"
-            delay = t.spec.delay if frm is ES.BUFFERED else t.remaining
-            self._arrive(t, to, delay, now, armed=True)
-        elif event is EnvEvent.DUE:
-            assert self.life is QS.RUNNING, f"became due while {self.life.name}"
-            assert math.isclose(now, t.due, abs_tol=1e-6), f"due at {t.due:g}, ran at {now:g}"
-            t.sched = t.due
-        elif event is EnvEvent.DISPATCH:
-            assert self.life in (QS.RUNNING, QS.STOPPING), f"dispatched while {self.life.name}"
-            if self.life is QS.STOPPING:
-                assert self.run is not None
-                assert self.run.mode is DRAIN, "dispatched during a STOP-mode stop"
-            busy = len(self._in(ES.RUNNING))
-            assert busy < self.config.workers, f"{busy + 1} attempts on {self.config.workers}"
-            t.attempts += 1
-            t.attempt = None
-        elif event is EnvEvent.STOP:
-            assert self.life is QS.STOPPING, f"parked while {self.life.name}"
-            assert self.run is not None
-            if frm is ES.READY:
-                assert self.run.mode is STOP, "a DRAIN stop parked a READY envelope"
-                t.remaining = 0.0
-            else:
-                t.remaining = max(0.0, t.due - now)
-        elif event is EnvEvent.TERMINATE:
-            assert self.life is QS.TERMINATED, f"handed back while {self.life.name}"
-        elif event is EnvEvent.BLACKLIST:
-            assert env.type, "a type-less envelope stopped by a blacklist"
-            assert env.type in self.blacklist, f"stopped, type {env.type!r} not blacklisted"
-        t.state = to
-        if to in TERMINAL:
-            t.ends += 1
-            self.terminal_counts[to] += 1
-            if to is ES.RETURNED:
-                self.returned.append(env)
+            self.violations.append(f"the oracle crashed on {ev}:\n{traceback.format_exc()}")
+            self.oracle.resync(ev)
+        if kind == "queue":
+            error = send_error(QS(ev["to"]))
+            if error is not None:
+                for w in self._pending_waiters():
+                    w.state_errors.add(error)
+        elif kind == "move" and ES(ev["to"]) in TERMINAL_STATES:
             self._note_room()
 
-    def _watch_for_livelock(self, t: Track, now: float) -> None:
+    def _watch_for_livelock(self, name: str, now: float) -> None:
         """Stop the loop if one envelope keeps running at one instant: the clock would
         never move again and the step would hang (a scripted run has at most a few
         dozen failures in a row, each retried at once at worst)."""
-        if now != t.burst_at:
-            t.burst_at, t.burst = now, 0
-        t.burst += 1
-        if t.burst > LIVELOCK:
+        if now != self.burst_at:
+            self.burst_at, self.bursts = now, {}
+        self.bursts[name] = self.bursts.get(name, 0) + 1
+        if self.bursts[name] > LIVELOCK:
             self.livelocked = True
             self.loop.stop()
-            raise AssertionError(f"livelock: {t.burst} attempts at t={now:g}")
+            self.violations.append(f"livelock: {self.bursts[name]} attempts at t={now:g}")
 
-    def _arrive(
-        self, t: Track, to: envq.EnvState, delay: float, now: float, *, armed: bool = False
-    ) -> None:
-        """Check the state an envelope enters with ``delay`` to wait, and record its times.
-
-        ``armed``: entering the queue's schedule (send to a running queue, start), where
-        a non-positive delay means READY and a positive one DELAYED.
-        """
-        if armed:
-            want = ES.READY if delay <= 0 else ES.DELAYED
-            assert to is want, f"armed with {delay:g} s to wait, went {to.name} not {want.name}"
-        if to is ES.READY:
-            t.sched = now
-        elif to is ES.DELAYED:
-            t.due = now + delay
-        elif to is ES.PARKED:
-            t.remaining = max(0.0, delay)
-
-    def _outcome_event(self, ev: envq.Event, t: Track, outcome: envq.Outcome) -> None:
-        assert ev.from_state is ES.RUNNING
-        att = t.attempt
-        assert att is not None, "an attempt ended that never reached invoke"
-        spec = t.spec
-        want = expected_outcome(
-            spec,
-            att.final,
-            started=att.start,
-            cancelled_at=att.cancelled_at,
-            cancel_cause=att.cancel_cause,
-            tolerance=EPS,
-        )
-        assert outcome is want, f"attempt ({att}) ended {outcome.name}, expected {want.name}"
-        self.outcomes[outcome] += 1
-        if self.run is not None:
-            (self.run.cancelled if outcome is O.CANCELLED else self.run.completed).append(t.env)
-        want_next, t.failures = expected_target(
-            spec,
-            outcome,
-            blacklisted=bool(spec.type) and spec.type in self.blacklist,
-            queue=self.life,
-            cancel_cause=att.cancel_cause,
-            attempts=t.attempts,
-            failures=t.failures,
-            sched=t.sched,
-            now=ev.time,
-        )
-        to = want_next.to
-        assert ev.to_state is to, f"{outcome.name} led to {ev.to_state.name}, expected {to.name}"
-        if want_next.check_cause:
-            if want_next.cause is None:
-                assert ev.cause is None, f"{outcome.name} event with cause {ev.cause!r}"
-            else:
-                cause = CAUSE_CLASSES[want_next.cause]
-                assert isinstance(ev.cause, cause), f"cause {ev.cause!r}, not {cause.__name__}"
-        calls = self.failure_calls
-        self.failure_calls = []
-        if want_next.hook is None:
-            assert not calls, f"on_failure called: {calls}"
-        else:
-            error, number = want_next.hook
-            exc_type = CAUSE_CLASSES[error]
-            assert len(calls) == 1, f"on_failure calls: {calls}, expected one"
-            env, exc, attempt = calls[0]
-            assert env is t.env, f"on_failure called for {env!r}"
-            assert isinstance(exc, exc_type), f"on_failure saw {exc!r}, not {exc_type.__name__}"
-            assert attempt == number, f"on_failure saw attempt {attempt}, expected {number}"
-        self._arrive(t, to, want_next.delay, ev.time)
-        t.attempt = None
+    def _producer_admits(self, name: str, now: float) -> None:
+        """An admission no call under way explains is a waiting producer's: tell the
+        oracle it was sent, and check the producer overtook nobody."""
+        if name in self.oracle.admitting:
+            return
+        for w in self.waiters:
+            if name in w.names and w.expect in ("now", "wait") and name not in w.got:
+                w.got.add(name)
+                self.oracle.admitting.add(name)
+                if w.admitted:
+                    self._check_no_overtake(w, now)
+                return
 
     def _check_no_overtake(self, w: Waiter, now: float) -> None:
         """``w``'s batch was just admitted: every producer that waits ahead of it must
         be gone by now, or be going (its tasks may finish later in the same instant):
-        admitted, or failing for a reason the model knows (timed out, a lent envelope,
+        admitted, or failing for a reason the oracle knows (timed out, a lent envelope,
         a banned type, a state error)."""
+        tracks, blacklist = self.oracle.tracks, self.oracle.blacklist
         for o in self.waiters[: self.waiters.index(w)]:
             if o.admitted or o.checked or o.expect != "wait":
                 continue
             timed_out = now >= o.started + o.timeout or math.isclose(now, o.started + o.timeout)
-            lent = any(self.tracks[env].lent for env in o.envs)
-            banned = any(env.type in self.blacklist for env in o.envs)
-            assert timed_out or lent or banned or o.state_errors, (
-                f"{w.label} overtook {o.label}, still waiting"
+            lent = any(tracks[n].lent for n in o.names)
+            banned = any(tracks[n].spec.type in blacklist for n in o.names)
+            self._check(
+                timed_out or lent or banned or bool(o.state_errors),
+                lambda o=o: f"{w.label} overtook {o.label}, still waiting",  # type: ignore[misc]
             )
 
     def _note_room(self) -> None:
         """After a slot is freed: the first waiting producer must get it."""
         pending = self._pending_waiters()
-        if not pending or self.life not in (QS.INIT, QS.RUNNING):
+        if not pending or self.oracle.life not in (QS.INIT, QS.RUNNING):
             return
         head = pending[0]
-        if len(self._live()) + len(head.envs) <= self.config.capacity and room_in_time(
+        if len(self.oracle.live()) + len(head.names) <= self.config.capacity and room_in_time(
             self.now(), started=head.started, timeout=head.timeout, tolerance=0.0
         ):
             head.room_as_head = True
@@ -729,52 +386,52 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _predict_send(
         self, items: Sequence[object], *, check_capacity: bool = True
-    ) -> tuple[type[envq.EnvqError] | None, str, list[envq.Envelope]]:
-        """send()'s checks in the contract's order: state, validation, blacklist,
-        dedup / another queue, capacity. Returns (error, rejection reason, fresh)."""
-        error = SEND_ERROR[self.life]
-        if error is not None:
-            return error, "state", []
+    ) -> tuple[str | None, str, list[str]]:
+        """The oracle's prediction for ``send(*items)``: (error name, rejection reason,
+        fresh names). Without ``check_capacity``, the capacity check is left out (a
+        producer waits for room); with it, a send also fails while a producer waits
+        (send does not overtake the waiting producers)."""
         envs = [item for item in items if isinstance(item, envq.Envelope)]
-        if len(envs) < len(items):
-            return envq.BadEnvelopeType, "invalid", []
-        if any(env.type in self.blacklist for env in envs):
-            return envq.TypeBlacklisted, "blacklisted", []
-        if any(self.tracks[env].lent for env in envs):
-            return envq.BadEnvelope, "foreign", []
-        fresh = list(dict.fromkeys(env for env in envs if self.tracks[env].state not in LIVE))
-        capacity = self.config.capacity
-        if (
-            check_capacity
-            and fresh
-            and capacity
-            and (len(self._live()) + len(fresh) > capacity or self._pending_waiters())
-        ):
-            return envq.CapacityExceeded, "capacity", fresh
-        return None, "", fresh
+        names = [self.session.names[env] for env in envs]
+        error, reason, fresh = self.oracle.predict_send(names, valid=len(envs) == len(items))
+        capacity_error = ERRORS["CapacityExceeded"]
+        if not check_capacity:
+            return (None, "", fresh) if error == capacity_error else (error, reason, fresh)
+        if error is None and fresh and self.config.capacity and self._pending_waiters():
+            return capacity_error, "capacity", fresh
+        return error, reason, fresh
 
     def _send(self, items: Sequence[object]) -> None:
-        """Call send() and check the result against the model's prediction."""
+        """Call send() and check the result against the oracle's prediction."""
+        oracle = self.oracle
         error, reason, fresh = self._predict_send(items)
-        live_before = len(self._live())
+        live_before = len(oracle.live())
+        before = oracle.life
 
         async def go() -> None:
-            self.admitting = set(fresh) if error is None else set()
-            self.calling = QueueCall.SEND
+            oracle.admitting = set(fresh) if error is None else set()
+            oracle.calling = QueueCall.SEND
             got: BaseException | None = None
             try:
                 self.q.send(*items)  # type: ignore[arg-type]
             except envq.EnvqError as exc:
                 got = exc
             finally:
-                self.calling = None
-            self._expect_error(f"send({len(items)} items) while {self.life.name}", error, got)
+                oracle.calling = None
+            what = f"send({len(items)} items) while {before.name}"
+            name = error_name(got)
+            if reason == "invalid":
+                # Not an envelope: the protocol's bad_envelope, as its own class, a
+                # BadEnvelope that is a TypeError as well.
+                assert type(got) is envq.BadEnvelopeType, f"{what}: {got!r}"
+                name = ERRORS["BadEnvelope"]
+            oracle.check_call(what, error, got is None, name, f"LIFECYCLE[{before.name},SEND]")
             if error is not None:
-                self.rejections[reason] += 1
-                assert len(self._live()) == live_before, "a rejected batch admitted something"
+                oracle.rejections[reason] += 1
+                assert len(oracle.live()) == live_before, "a rejected batch admitted something"
                 return
-            assert not self.admitting, f"not admitted: {self.admitting}"
-            self.dedups += len(items) - len(fresh)
+            assert not oracle.admitting, f"not admitted: {oracle.admitting}"
+            oracle.dedups += len(items) - len(fresh)
 
         self._run(go())
 
@@ -783,15 +440,9 @@ class QueueMachine(RuleBasedStateMachine):
     # -----------------------------------------------------------------------------------
 
     def _new_queue(self) -> None:
-        config = self.config
-        self._q = envq.Queue(
-            "machine",
-            workers=config.workers,
-            capacity=config.capacity,
-            stop_mode=envq.StopMode(config.stop_mode),
-            wait=config.wait,
-        )
-        self._unsubscribe = self._q.subscribe(self._on_event)
+        self.session.cmd_queue({"cmd": "queue", **self.config.to_json()})
+        self.oracle.fresh_queue(self.config)
+        self.waiters = []
 
     @initialize(
         target=envelopes,
@@ -802,48 +453,48 @@ class QueueMachine(RuleBasedStateMachine):
     @one_origin
     def make_queue(
         self, config: QueueConfig, initial: list[EnvSpec], started: bool
-    ) -> MultipleResults[envq.Envelope]:
+    ) -> MultipleResults[str]:
         """The queue under test, with a first batch (buffered; armed if started)."""
         self.config = config
         self._new_queue()
-        envs = [self._make(spec) for spec in initial]
-        if envs:
-            self._send(envs)
+        names = [self._make(spec) for spec in initial]
+        self._send([self._env(n) for n in names])
         if started:
             self.start()
-        return multiple(*envs)
+        return multiple(*names)
 
-    @precondition(lambda self: self.life is QS.TERMINATED)
+    @precondition(lambda self: self.oracle.life is QS.TERMINATED)
     @rule()
     @one_origin
     def renew(self) -> None:
         """Replace a terminated queue with a new one (same configuration); its
         envelopes, all terminal now, may be sent to the new one."""
-        assert all(t.state not in LIVE for t in self.tracks.values())
-        self._unsubscribe()
+        assert not self.oracle.live()
         self._new_queue()
-        self._fresh_queue_model()
 
     @rule()
     @one_origin
     def start(self) -> None:
-        result = START_RESULT[self.life]
+        oracle = self.oracle
+        before = oracle.life
+        result = start_result(before)
 
         async def go() -> None:
-            self.calling = QueueCall.START
+            oracle.calling = QueueCall.START
             got: BaseException | None = None
             try:
                 self.q.start()
             except envq.EnvqError as exc:
                 got = exc
             finally:
-                self.calling = None
+                oracle.calling = None
+            row = f"LIFECYCLE[{before.name},START]"
             if isinstance(result, envq.QueueState):
-                self._expect_error("start()", None, got)
-                assert self.q.state is result is self.life
+                self._answered("start()", None, got, row)
+                assert self.q.state is result is oracle.life, (self.q.state, oracle.life)
             else:
-                self._expect_error(f"start() while {self.life.name}", result, got)
-                self.rejections["state"] += 1
+                self._answered(f"start() while {before.name}", result, got, row)
+                oracle.rejections["state"] += 1
 
         self._run(go())
 
@@ -852,7 +503,9 @@ class QueueMachine(RuleBasedStateMachine):
     def stop(self, call: StopCall) -> None:
         self._stop(call)
 
-    @precondition(lambda self: self.life is QS.RUNNING and bool(self._in(ES.RUNNING)))
+    @precondition(
+        lambda self: self.oracle.life is QS.RUNNING and bool(self.oracle.in_state(ES.RUNNING))
+    )
     @rule(call=stop_calls())
     @one_origin
     def stop_while_busy(self, call: StopCall) -> None:
@@ -860,12 +513,23 @@ class QueueMachine(RuleBasedStateMachine):
         cells of the stop-mode table that random timing rarely reaches."""
         self._stop(call)
 
+    def _report(self, report: envq.StopReport) -> dict[str, Any]:
+        """A stop report as the protocol writes it (envelopes by name)."""
+        names = self.session.names
+        return {
+            "parked": [names[e] for e in report.parked],
+            "completed": [names[e] for e in report.completed],
+            "cancelled": [names[e] for e in report.cancelled],
+            "complete": report.complete,
+        }
+
     def _stop(self, call: StopCall) -> None:
+        oracle = self.oracle
         # The protocol's StopCall and QueueConfig name the modes by value.
         call_mode = None if call.mode is None else envq.StopMode(call.mode)
         mode = envq.StopMode(self.config.stop_mode) if call_mode is None else call_mode
         wait = self.config.wait if call.wait is None else call.wait
-        before = self.life
+        before = oracle.life
         if call.cancel and mode is DRAIN:
 
             async def invalid() -> None:
@@ -879,49 +543,30 @@ class QueueMachine(RuleBasedStateMachine):
             assert self.q.state is before
             return
         if before is QS.RUNNING:
-            self.stop_request = mode
+            oracle.stop_request = mode
             if call.cancel:
-                self._request_cancel(CancelCause.STOP)
+                oracle.request_cancel(CancelCause.STOP)
 
         async def go() -> None:
-            self.calling = QueueCall.STOP
+            oracle.calling = QueueCall.STOP
             try:
                 stopping = self.q.stop(mode=call_mode, cancel=call.cancel, wait=call.wait)
                 if wait and before in (QS.RUNNING, QS.STOPPING):
                     try:
                         report = await asyncio.wait_for(stopping, GUARD)
                     except TimeoutError:
-                        assert self._blocked(), "stop() never ended, yet nothing hangs"
+                        assert oracle.blocked(), "stop() never ended, yet nothing hangs"
                         assert self.q.state is QS.STOPPING
                         return
                 else:
                     report = await stopping
             finally:
-                self.calling = None
-            self._check_report(report, before, wait)
+                oracle.calling = None
+            oracle.check_report(self._report(report), before, wait)
 
         self._run(go())
 
-    def _check_report(self, report: envq.StopReport, before: envq.QueueState, wait: bool) -> None:
-        if before in (QS.INIT, QS.STOPPED, QS.TERMINATED):
-            assert self.q.state is before, f"a no-op stop moved {before.name} to {self.q.state}"
-            assert report == self.last_report, f"{report} != {self.last_report}"
-            return
-        if wait or self.q.state is QS.STOPPED:
-            assert self.q.state is QS.STOPPED, self.q.state
-            assert report == self.last_report, f"{report} != {self.last_report}"
-            return
-        assert self.q.state is QS.STOPPING
-        assert self.run is not None
-        expected = envq.StopReport(
-            parked=self._parked(),
-            completed=tuple(self.run.completed),
-            cancelled=tuple(self.run.cancelled),
-            complete=False,
-        )
-        assert report == expected, f"{report} != {expected}"
-
-    @precondition(lambda self: self.life in (QS.STOPPING, QS.STOPPED, QS.TERMINATED))
+    @precondition(lambda self: self.oracle.life in (QS.STOPPING, QS.STOPPED, QS.TERMINATED))
     @rule()
     @one_origin
     def wait_stopped(self) -> None:
@@ -929,41 +574,39 @@ class QueueMachine(RuleBasedStateMachine):
             try:
                 report = await asyncio.wait_for(self.q.wait_stopped(), GUARD)
             except TimeoutError:
-                assert self._blocked(), "wait_stopped() never returned, yet nothing hangs"
+                assert self.oracle.blocked(), "wait_stopped() never returned, yet nothing hangs"
                 return
             assert self.q.state in (QS.STOPPED, QS.TERMINATED)
-            assert report == self.last_report, f"{report} != {self.last_report}"
+            assert self.oracle.life is self.q.state
+            got = self._report(report)
+            assert got == self.oracle.last_report, f"{got} != {self.oracle.last_report}"
 
         self._run(go())
 
     @rule()
     @one_origin
     def terminate(self) -> None:
-        before = self.life
+        oracle = self.oracle
+        before = oracle.life
         if before is QS.STOPPING:
-            assert self.run is not None
-            self.run.mode = STOP
+            assert oracle.run is not None
+            oracle.run.mode = STOP
         if before is QS.RUNNING:
-            self.stop_request = STOP
+            oracle.stop_request = STOP
         if before in (QS.RUNNING, QS.STOPPING):
-            self._request_cancel(CancelCause.TERMINATE)
+            oracle.request_cancel(CancelCause.TERMINATE)
 
         async def go() -> None:
-            self.calling = QueueCall.TERMINATE
+            oracle.calling = QueueCall.TERMINATE
             try:
                 left = await asyncio.wait_for(self.q.terminate(), GUARD)
             except TimeoutError:
                 raise AssertionError(f"terminate() from {before.name} never ended") from None
             finally:
-                self.calling = None
-            returned = sorted(self.returned, key=lambda env: self.tracks[env].seq)
-            self.returned = []
-            assert len(set(left)) == len(left), f"handed back twice: {left}"
-            assert left == returned, f"handed back {left}, RETURNED events for {returned}"
+                oracle.calling = None
+            oracle.check_handed_back([self.session.names[e] for e in left], before)
             assert self.q.state is QS.TERMINATED
             assert self.q.capacity_used == 0
-            if before is QS.TERMINATED:
-                assert left == []
 
         self._run(go())
 
@@ -973,37 +616,38 @@ class QueueMachine(RuleBasedStateMachine):
         repeat=st.booleans(),
     )
     @one_origin
-    def send(self, specs: list[EnvSpec], repeat: bool) -> MultipleResults[envq.Envelope]:
+    def send(self, specs: list[EnvSpec], repeat: bool) -> MultipleResults[str]:
         """New envelopes in one batch, maybe naming one twice (admitted once); over
         capacity the batch admits none."""
-        envs = [self._make(spec) for spec in specs]
+        names = [self._make(spec) for spec in specs]
+        envs = [self._env(n) for n in names]
         self._send([*envs, envs[0]] if repeat else envs)
-        return multiple(*envs)
+        return multiple(*names)
 
     @precondition(lambda self: bool(self._pending_waiters()))
     @rule(target=envelopes, spec=env_specs())
     @one_origin
-    def send_behind_producer(self, spec: EnvSpec) -> envq.Envelope:
+    def send_behind_producer(self, spec: EnvSpec) -> str:
         """send() while a producer waits in send_wait: CapacityExceeded even when
         there is room (send does not overtake the waiting producers)."""
-        env = self._make(spec)
-        self._send([env])
-        return env
+        name = self._make(spec)
+        self._send([self._env(name)])
+        return name
 
     @rule(env=envelopes)
     @one_origin
-    def resend(self, env: envq.Envelope) -> None:
+    def resend(self, env: str) -> None:
         """Send an envelope again: live here (dedup), terminal (a new stay), or live in
         the other queue (BadEnvelope)."""
-        self._send([env])
+        self._send([self._env(env)])
 
     @rule(target=envelopes, spec=env_specs(), item=bad_items())
     @one_origin
-    def send_bad(self, spec: EnvSpec, item: object) -> envq.Envelope:
+    def send_bad(self, spec: EnvSpec, item: object) -> str:
         """A batch with something that is not an envelope admits nothing."""
-        env = self._make(spec)
-        self._send([env, item])
-        return env
+        name = self._make(spec)
+        self._send([self._env(name), item])
+        return name
 
     @rule(
         target=envelopes,
@@ -1014,17 +658,17 @@ class QueueMachine(RuleBasedStateMachine):
     @one_origin
     def send_wait(
         self, specs: list[EnvSpec], timeout: float, background: bool
-    ) -> MultipleResults[envq.Envelope]:
+    ) -> MultipleResults[str]:
         """A producer waiting for room for its batch: to the end (at most ``timeout``),
         or in the background while later rules run (send() must not overtake it)."""
-        envs = tuple(self._make(spec) for spec in specs)
+        names = tuple(self._make(spec) for spec in specs)
         if background and not (
             self.config.capacity > 0
-            and self.life in (QS.INIT, QS.RUNNING)
+            and self.oracle.life in (QS.INIT, QS.RUNNING)
             and len(self._pending_waiters()) < 2
         ):
             background = False
-        w = self._start_waiter(envs, timeout)
+        w = self._start_waiter(names, timeout)
         if not background:
 
             async def finish() -> None:
@@ -1033,25 +677,28 @@ class QueueMachine(RuleBasedStateMachine):
                 assert w.task.done(), "send_wait outlived its timeout"
 
             self._run(finish())
-        return multiple(*envs)
+        return multiple(*names)
 
-    def _start_waiter(self, envs: tuple[envq.Envelope, ...], timeout: float) -> Waiter:
-        """Start ``send_wait(*envs)`` with what the model expects of it: at once, the
-        error send() would raise, wait (behind other producers, or for room), or
+    def _start_waiter(self, names: tuple[str, ...], timeout: float) -> Waiter:
+        """Start ``send_wait`` with what the oracle expects of it: at once, the error
+        send() would raise, wait (behind other producers, or for room), or
         CapacityExceeded at once for a batch that can never fit."""
-        error, _reason, fresh = self._predict_send(envs, check_capacity=False)
+        error, _reason, fresh = self._predict_send(
+            [self._env(n) for n in names], check_capacity=False
+        )
         capacity = self.config.capacity
-        expect: str | type[envq.EnvqError] | None = None
+        expect: str | None = None
         if not self._pending_waiters():
             if error is not None:
                 expect = error
-            elif not capacity or len(self._live()) + len(fresh) <= capacity:
+            elif not capacity or len(self.oracle.live()) + len(fresh) <= capacity:
                 expect = "now"
         if expect is None:
-            too_big = capacity and len(envs) > capacity
-            expect = envq.CapacityExceeded if too_big else "wait"
-        w = Waiter(envs, self.now(), timeout, expect)
+            too_big = capacity and len(names) > capacity
+            expect = ERRORS["CapacityExceeded"] if too_big else "wait"
+        w = Waiter(names, self.now(), timeout, expect)
         self.waiters.append(w)
+        envs = [self._env(n) for n in names]
 
         async def start() -> None:
             w.task = asyncio.ensure_future(self.q.send_wait(*envs, timeout=timeout))
@@ -1067,102 +714,95 @@ class QueueMachine(RuleBasedStateMachine):
             return
         w.checked = True
         exc = task.exception()
+        got = error_name(exc)
         elapsed = self.now() - w.started
         expect = w.expect
+        rejections = self.oracle.rejections
         if expect == "now":
             self._check(exc is None and w.admitted, lambda: f"{w.label}: {exc!r}")
             self._check(elapsed == 0, lambda: f"{w.label} took {elapsed:g} s")
             return
-        if isinstance(expect, type):
-            self._check(type(exc) is expect, lambda: f"{w.label}: {exc!r}, not {expect}")
+        if expect != "wait":
+            self._check(got == expect, lambda: f"{w.label}: {exc!r}, not {expect}")
             self._check(elapsed == 0, lambda: f"{w.label} took {elapsed:g} s to fail")
-            reason = {
-                envq.TypeBlacklisted: "blacklisted",
-                envq.BadEnvelopeType: "invalid",
-                envq.BadEnvelope: "foreign",
-                envq.CapacityExceeded: "capacity",
-            }.get(expect, "state")
-            self.rejections[reason] += 1
+            rejections[REJECTION_REASONS.get(expect, "state")] += 1
             return
+        tracks = self.oracle.tracks
         if exc is None:
             # (Overtaking is checked when the batch is admitted: _check_no_overtake.)
             self._check(w.admitted, lambda: f"{w.label} returned, not admitted")
-        elif type(exc) is envq.CapacityExceeded:
-            self.rejections["capacity"] += 1
+        elif got == ERRORS["CapacityExceeded"]:
+            rejections["capacity"] += 1
             self._check(
                 math.isclose(elapsed, w.timeout),
                 lambda: f"{w.label} gave up after {elapsed:g} s, not {w.timeout:g}",
             )
             self._check(not w.room_as_head, lambda: f"{w.label} timed out though room was free")
             self._note_room()  # the room it leaves is the next producer's
-        elif type(exc) is envq.TypeBlacklisted:
-            self.rejections["blacklisted"] += 1
-            banned = any(env.type in self.blacklist for env in w.envs)
+        elif got == ERRORS["TypeBlacklisted"]:
+            rejections["blacklisted"] += 1
+            banned = any(tracks[n].spec.type in self.oracle.blacklist for n in w.names)
             self._check(banned, lambda: f"{w.label}: {exc!r}")
-        elif type(exc) is envq.BadEnvelope:
+        elif got == ERRORS["BadEnvelope"]:
             # One of its envelopes was sent to the other queue while it waited here.
-            self.rejections["foreign"] += 1
-            lent = any(self.tracks[env].lent for env in w.envs)
+            rejections["foreign"] += 1
+            lent = any(tracks[n].lent for n in w.names)
             self._check(lent, lambda: f"{w.label}: {exc!r}")
-        elif type(exc) in w.state_errors:
-            self.rejections["state"] += 1
+        elif got in w.state_errors:
+            rejections["state"] += 1
         else:
             self._check(False, lambda: f"{w.label} raised {exc!r}")
 
     @rule(env=envelopes)
     @one_origin
-    def lend(self, env: envq.Envelope) -> None:
+    def lend(self, env: str) -> None:
         """Send an envelope to the other queue: it is then live there, and sending it
         to the machine's queue raises BadEnvelope (and vice versa)."""
-        t = self.tracks[env]
+        oracle = self.oracle
+        t = oracle.tracks[env]
         got: BaseException | None = None
         try:
-            self.other.send(env)
+            self.session.cmd_lend({"env": env})
         except envq.EnvqError as exc:
             got = exc
-        if t.state in LIVE:
-            self._expect_error("other.send(live here)", envq.BadEnvelope, got)
-        else:
-            self._expect_error("other.send", None, got)
-            if not t.lent:
-                t.lent = True
-                self.lent.append(env)
+        expected = ERRORS["BadEnvelope"] if t.state in LIVE else None
+        what = f"other.send({env}) while {t.state.name} here"
+        assert error_name(got) == expected, f"{what}: expected {expected}, got {got!r}"
+        if got is None and not t.lent:
+            t.lent = True
+            oracle.lent.append(env)
 
-    @precondition(lambda self: bool(self.lent))
+    @precondition(lambda self: bool(self.oracle.lent))
     @rule()
     @one_origin
     def reclaim(self) -> None:
         """Terminate the other queue: it hands back the lent envelopes."""
-        left = self._run(self.other.terminate())
-        assert left == self.lent, f"{left} != {self.lent}"
-        for env in left:
-            self.tracks[env].lent = False
-        self.lent = []
-        self.other = envq.Queue("other")
+        oracle = self.oracle
+        left = self.session.cmd_reclaim({})
+        self._raise_violations()
+        assert left == oracle.lent, f"{left} != {oracle.lent}"
+        for name in left:
+            oracle.tracks[name].lent = False
+        oracle.lent = []
 
     @rule(env=envelopes, plan=plans())
     @one_origin
-    def plan(self, env: envq.Envelope, plan: Plan) -> None:
+    def plan(self, env: str, plan: Plan) -> None:
         """Choose what a later attempt of this envelope does."""
-        self.tracks[env].script.append(plan)
+        self.session.cmd_plan({"env": env, "plan": plan.value})
+        self.oracle.plan(env, plan)
 
-    @precondition(
-        lambda self: any(t.attempt is not None and t.attempt.hanging for t in self.tracks.values())
-    )
+    @precondition(lambda self: bool(self.oracle.hanging()))
     @rule(index=st.integers(0, 3), then=releases())
     @one_origin
     def release(self, index: int, then: Plan) -> None:
         """Let a hanging attempt finish with the given plan."""
-        hanging = [
-            t.attempt
-            for t in sorted(self.tracks.values(), key=lambda t: t.number)
-            if t.attempt is not None and t.attempt.hanging
-        ]
-        att = hanging[index % len(hanging)]
-        assert att.gate is not None
-        att.release = then
-        att.gate.set()
+        hanging = self.oracle.hanging()
+        name = hanging[index % len(hanging)]
+        self.oracle.release(name, then)
+        released = self.session.cmd_release({"env": name, "plan": then.value})
         self._run(settle())
+        assert released, f"{name} hangs for the oracle, not for the queue"
 
     @rule(dt=small_steps())
     @one_origin
@@ -1188,108 +828,72 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     @one_origin
-    def capacity_used_is_live_count(self) -> None:
+    def oracle_invariants_hold(self) -> None:
+        """The oracle's invariants after a step, against the queue's statistics: I1
+        (capacity_used is the live count, within the capacity), I2 (the count in each
+        live state), I3, I4 (no banned type left), I5 (nothing lost, every hand-back
+        and on_failure call accounted for), I6 (the states each lifecycle state allows),
+        the lifecycle state, no DELAYED envelope past its due time."""
+        self.oracle.now = self.now()
+        self.oracle.check_invariants(self.session.cmd_stats({}))
+
+    @invariant()
+    @one_origin
+    def statistics_match_the_oracle(self) -> None:
+        """What ``statistics()`` and ``capacity_used`` say beyond the protocol's
+        invariants: terminal counts, attempts in flight, outcomes, dedups, rejections."""
+        oracle = self.oracle
         stats = self.q.statistics()
-        live = len(self._live())
-        by_state = sum(stats.by_state.get(s, 0) for s in LIVE)
-        assert self.q.capacity_used == live == stats.capacity_used == by_state, (
-            self.q.capacity_used,
-            live,
-            stats.capacity_used,
-            by_state,
-        )
-        if self.config.capacity:
-            assert live <= self.config.capacity
-
-    @invariant()
-    @one_origin
-    def statistics_match_model(self) -> None:
-        stats = self.q.statistics()
-        for state in LIVE:
-            assert stats.by_state.get(state, 0) == len(self._in(state)), state
-        for state in TERMINAL:
-            assert stats.by_state.get(state, 0) == self.terminal_counts[state], state
-        running = len(self._in(ES.RUNNING))
-        assert stats.in_flight == running <= self.config.workers
-        assert stats.state is self.q.state is self.life
-        assert dict(stats.outcomes) == self.outcomes
-        assert stats.dedups == self.dedups
-        assert dict(stats.rejections) == self.rejections, (stats.rejections, self.rejections)
-
-    @invariant()
-    @one_origin
-    def states_fit_the_lifecycle(self) -> None:
-        """Which envelope states each lifecycle state allows; workers never idle while
-        envelopes are READY; a stop with nothing in flight has ended."""
-        allowed = ALLOWED_LIVE[self.life]
-        stray = [(t.env, t.state.name) for t in self._live() if t.state not in allowed]
-        assert not stray, f"{self.life.name} queue holds {stray}"
-        ready, running = len(self._in(ES.READY)), len(self._in(ES.RUNNING))
-        if self.life is QS.STOPPING:
-            assert self.run is not None
-            assert running >= 1, "STOPPING with nothing in flight"
-            if self.run.mode is STOP:
-                assert ready == 0, "a STOP-mode stop left envelopes READY"
-        if ready:
-            assert running == self.config.workers, f"{ready} READY, {running} running"
-
-    @invariant()
-    @one_origin
-    def blacklisted_types_are_gone(self) -> None:
-        stray = [
-            t.env
-            for t in self._live()
-            if t.env.type in self.blacklist and t.state is not ES.RUNNING
-        ]
-        assert not stray, f"live envelopes of blacklisted types: {stray}"
+        assert self.q.capacity_used == stats.capacity_used == len(oracle.live())
+        assert self.q.state is stats.state is oracle.life, (self.q.state, oracle.life)
+        for state in TERMINAL_STATES:
+            got = stats.by_state.get(state, 0)
+            assert got == oracle.terminal_counts[state], (state, got, oracle.terminal_counts)
+        running = len(oracle.in_state(ES.RUNNING))
+        assert stats.in_flight == running <= self.config.workers, (stats.in_flight, running)
+        assert dict(stats.outcomes) == oracle.outcomes, (stats.outcomes, oracle.outcomes)
+        assert stats.dedups == oracle.dedups, (stats.dedups, oracle.dedups)
+        assert dict(stats.rejections) == oracle.rejections, (stats.rejections, oracle.rejections)
 
     @invariant()
     @one_origin
     def delayed_envelopes_are_not_overdue(self) -> None:
+        """Stricter than the oracle's timing check (which allows a real clock's
+        lateness): on the virtual clock, once the loop has settled, no envelope is
+        still DELAYED at its due time."""
         now = self.now()
-        late = [(t.env, t.due) for t in self._in(ES.DELAYED) if t.due <= now]
+        late = [(t.name, t.due) for t in self.oracle.in_state(ES.DELAYED) if t.due <= now]
         assert not late, f"at {now:g}, still DELAYED past their due time: {late}"
-
-    @invariant()
-    @one_origin
-    def nothing_lost(self) -> None:
-        """Every admitted envelope is live, or ended with one event per stay; RETURNED
-        exactly when handed back; no on_failure call unaccounted for."""
-        assert not self.returned, f"RETURNED but not handed back: {self.returned}"
-        assert not self.failure_calls, self.failure_calls
-        for t in self.tracks.values():
-            live = 1 if t.state in LIVE else 0
-            assert t.ends == t.stays - live, (t.env, t.stays, t.ends, t.state)
-            assert t.active == 0 or t.state is ES.RUNNING, (t.env, t.state)
-            if t.stays:
-                assert t.state is not ES.NEW
 
     @invariant()
     @one_origin
     def first_waiting_producer_has_no_room(self) -> None:
         pending = self._pending_waiters()
-        if pending and self.life in (QS.INIT, QS.RUNNING):
+        if pending and self.oracle.life in (QS.INIT, QS.RUNNING):
             head = pending[0]
-            room = self.config.capacity - len(self._live())
-            assert len(head.envs) > room, f"{head.label} waits with room for {room}"
-            banned = [env for env in head.envs if env.type in self.blacklist]
+            room = self.config.capacity - len(self.oracle.live())
+            assert len(head.names) > room, f"{head.label} waits with room for {room}"
+            tracks, blacklist = self.oracle.tracks, self.oracle.blacklist
+            banned = [n for n in head.names if tracks[n].spec.type in blacklist]
             assert not banned, f"{head.label} waits with banned types {banned}"
 
     def teardown(self) -> None:
         # Hypothesis calls teardown in a ``finally``: if a step failed, that failure
         # is the one to report, not what a final terminate() makes of the wreck.
         failing = sys.exc_info()[1] is not None
+        q, other = self.session.q, self.session.other
 
         async def close() -> str | None:
             for w in self.waiters:
                 if w.task is not None and not w.task.done():
                     w.task.cancel()
-            if self._q is not None and self._q.state is not QS.TERMINATED:
+            if q is not None and q.state is not QS.TERMINATED:
                 try:
-                    await asyncio.wait_for(self._q.terminate(), GUARD)
+                    await asyncio.wait_for(q.terminate(), GUARD)
                 except TimeoutError:
                     return "terminate() at the end of the run never returned"
-            await self.other.terminate()
+            if other is not None:
+                await other.terminate()
             await settle()
             return None
 
@@ -1368,16 +972,11 @@ async def test_start_admits_a_waiting_producer_once() -> None:
 
 def test_infer_event_covers_every_queue_side_move() -> None:
     """Every (from, to) pair of a queue-side move in ENVELOPE_MOVES is inferred back to
-    the event that allows it (so the listener's reconstruction is sound)."""
+    the event that allows it (so the oracle's reconstruction is sound)."""
     for (frm, event), targets in ENVELOPE_MOVES.items():
         if isinstance(event, EnvEvent):
             for to in targets:
                 assert infer_event(frm, to) is event, (frm, event, to)
-
-
-def test_every_cause_has_a_class() -> None:
-    """The listener knows the exception class of every cause the oracle can name."""
-    assert set(CAUSE_CLASSES) == set(CAUSES.values())
 
 
 def test_send_wait_timeout_at_the_instant_room_is_freed() -> None:
@@ -1395,3 +994,128 @@ def test_send_wait_timeout_at_the_instant_room_is_freed() -> None:
         machine.no_violations()
     finally:
         machine.teardown()
+
+
+class _PeriodicAfterStopMachine(QueueMachine):
+    session_class = PeriodicAfterStop
+
+
+class _DoubleCountMachine(QueueMachine):
+    session_class = DoubleCount
+
+
+def test_the_machine_catches_a_wrong_outcome() -> None:
+    """The machine can fail: with a faulty driver whose periodic envelopes take
+    ``StopEnvelope`` for a success, the oracle sees an attempt planned to stop end OK
+    and the step fails."""
+    machine = _PeriodicAfterStopMachine()
+    try:
+        spec = EnvSpec(interval=10.0, script=(Plan.STOP,))
+        with pytest.raises(Violation, match="ended OK, expected STOP"):
+            machine.make_queue(QueueConfig(), [spec], started=True)
+    finally:
+        machine.teardown()
+
+
+def test_the_machine_catches_wrong_statistics() -> None:
+    """The machine can fail: with a faulty driver whose statistics count a re-sent live
+    envelope against the capacity again, the invariants after the step fail."""
+    machine = _DoubleCountMachine()
+    try:
+        machine.make_queue(QueueConfig(capacity=3), [EnvSpec(delay=15.0)], started=True)
+        machine.oracle_invariants_hold()
+        machine.session.cmd_send({"envs": ["e1"]})
+        with pytest.raises(Violation, match="capacity_used 2, live envelopes 1"):
+            machine.oracle_invariants_hold()
+    finally:
+        machine.teardown()
+
+
+def _no_retry_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong engine: its outcome table (as each new queue resolves it) ends a one-off
+    envelope that raised DoNotRetry as STOPPED, without its on_failure call, instead of
+    FAILED (a move the envelope machine allows, from another row)."""
+    wrong = OutcomeRow(Action.END, ES.STOPPED)
+    table = {**OUTCOMES, (Kind.ONE_OFF, envq.Outcome.NO_RETRY): wrong}
+    monkeypatch.setattr(envq._outcomes, "OUTCOMES", table)
+
+
+def test_the_machine_catches_a_wrong_table_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine can fail: with a wrong row in the engine's outcome table, the step
+    whose attempt reaches the row fails."""
+    _no_retry_stops(monkeypatch)
+    machine = QueueMachine()
+    try:
+        spec = EnvSpec(script=(Plan.NO_RETRY,))
+        with pytest.raises(Violation, match="NO_RETRY led to STOPPED, expected FAILED"):
+            machine.make_queue(QueueConfig(), [spec], started=True)
+    finally:
+        machine.teardown()
+
+
+def test_generated_runs_find_a_wrong_table_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's own generated runs (no shrinking) find the wrong row above."""
+    _no_retry_stops(monkeypatch)
+    quick = settings(
+        max_examples=200,
+        stateful_step_count=30,
+        phases=[Phase.generate],
+        database=None,
+        derandomize=True,
+    )
+    with pytest.raises(Violation, match="NO_RETRY led to STOPPED"):
+        run_state_machine_as_test(QueueMachine, settings=quick)
+
+
+def _running_oracle(spec: EnvSpec) -> Oracle:
+    """An oracle that has seen a started queue admit envelope ``a`` and start running it."""
+    oracle = Oracle(tolerance=EPS)
+    oracle.define("a", spec)
+    oracle.calling = QueueCall.START
+    oracle.observe([{"t": 0.0, "kind": "queue", "from": "init", "to": "running"}])
+    oracle.calling = None
+    oracle.admitting = {"a"}
+    move = {"t": 0.0, "kind": "move", "env": "a", "outcome": None, "cause": None}
+    oracle.observe(
+        [{**move, "from": "new", "to": "ready"}, {**move, "from": "ready", "to": "running"}]
+    )
+    return oracle
+
+
+def test_oracle_rejects_a_second_invoke_of_one_attempt() -> None:
+    """An envelope's invoke called again while its attempt runs (two attempts at once)."""
+    oracle = _running_oracle(EnvSpec(then=Plan.SLOW))
+    invoke = {"t": 0.0, "kind": "invoke", "env": "a", "plan": "slow"}
+    oracle.observe([invoke])
+    with pytest.raises(OracleViolation, match="invoked again while its attempt runs"):
+        oracle.observe([invoke])
+
+
+def test_oracle_rejects_an_attempt_that_ends_before_its_body() -> None:
+    """A SLOW attempt reported OK before its body slept its time."""
+    oracle = _running_oracle(EnvSpec(then=Plan.SLOW))
+    oracle.observe([{"t": 0.0, "kind": "invoke", "env": "a", "plan": "slow"}])
+    early = {"t": SLOW_SECONDS / 2, "kind": "move", "env": "a", "from": "running"}
+    done = {**early, "to": "succeeded", "outcome": "ok", "cause": None}
+    with pytest.raises(OracleViolation, match=r"attempt \(slow\) from 0 ended at"):
+        oracle.observe([done])
+
+
+def test_oracle_accepts_an_attempt_that_ends_after_its_body() -> None:
+    """The same attempt reported OK once its body has slept its time passes."""
+    oracle = _running_oracle(EnvSpec(then=Plan.SLOW))
+    oracle.observe([{"t": 0.0, "kind": "invoke", "env": "a", "plan": "slow"}])
+    done = {"t": SLOW_SECONDS, "kind": "move", "env": "a", "from": "running", "to": "succeeded"}
+    oracle.observe([{**done, "outcome": "ok", "cause": None}])
+    assert oracle.tracks["a"].state is ES.SUCCEEDED
+
+
+def test_oracle_predicts_a_batch_with_a_non_envelope() -> None:
+    """send() of a batch with something that is not an envelope: rejected as invalid
+    (after the state check), admitting nothing."""
+    oracle = Oracle()
+    oracle.define("a", EnvSpec())
+    assert oracle.predict_send(["a"], valid=False) == ("bad_envelope", "invalid", [])
+    assert oracle.predict_send(["a"]) == (None, "", ["a"])
+    oracle.life = QS.TERMINATED
+    assert oracle.predict_send(["a"], valid=False) == ("queue_terminated", "state", [])

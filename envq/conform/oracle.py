@@ -62,7 +62,15 @@ from envq._machine import (
     StopMode,
 )
 from envq._schedule import CRON_SLACK
-from envq.conform.protocol import ERRORS, EnvSpec, Plan, Policy, QueueConfig
+from envq.conform.protocol import (
+    ERRORS,
+    LONG_SECONDS,
+    SLOW_SECONDS,
+    EnvSpec,
+    Plan,
+    Policy,
+    QueueConfig,
+)
 from envq.model.envelope import EnvelopeModel
 from envq.model.tables import enabled_targets, lifecycle_moves
 
@@ -152,6 +160,8 @@ def _allowed_live() -> dict[QueueState, frozenset[EnvState]]:
 #: DRAIN (a STOP stop parks it: ``STOP_PARKS``).
 ALLOWED_LIVE: Final[Mapping[QueueState, frozenset[EnvState]]] = _allowed_live()
 _LIFE_MODEL: Final = lifecycle_moves()
+#: How long the attempts that sleep before they succeed take.
+_DURATIONS: Final = {Plan.SLOW: SLOW_SECONDS, Plan.LONG: LONG_SECONDS}
 
 
 class Violation(AssertionError):
@@ -588,6 +598,7 @@ class Oracle:
         t = self.tracks[name]
         self.coverage.check("I3")
         _check(t.state is ES.RUNNING, "I3", f"{name}: invoked while {t.state.name}")
+        _check(t.attempt is None, "I3", f"{name}: invoked again while its attempt runs")
         expected = t.script.popleft() if t.script else t.spec.then
         _check(plan is expected, "protocol", f"{name}: ran plan {plan.value}, not {expected.value}")
         t.attempt = AttemptLog(plan, now)
@@ -774,6 +785,14 @@ class Oracle:
             cancel_cause=att.cancel_cause,
             tolerance=self.tolerance,
         )
+        if att.cancelled_at is None and att.plan in _DURATIONS:
+            # The attempt's body must have run to its end before its outcome came.
+            ends = att.start + _DURATIONS[att.plan]
+            _check(
+                now >= ends - self.tolerance,
+                "I3",
+                f"{t.name}: attempt ({att.plan.value}) from {att.start:g} ended at {now:g}",
+            )
         if want is O.STOP_TYPE and t.spec.type:
             self.blacklist.add(t.spec.type)
         kind = "BLACKLISTED" if blacklisted else "PERIODIC" if t.spec.periodic else "ONE_OFF"
@@ -832,12 +851,17 @@ class Oracle:
 
     # -- calls ------------------------------------------------------------------------
 
-    def predict_send(self, names: list[str]) -> tuple[str | None, str, list[str]]:
-        """send()'s checks in the contract's order: state, blacklist, dedup / another
-        queue, capacity. (error name or None, rejection reason, fresh names)."""
+    def predict_send(
+        self, names: list[str], *, valid: bool = True
+    ) -> tuple[str | None, str, list[str]]:
+        """send()'s checks in the contract's order: state, validation (``valid``: every
+        item of the batch is an envelope), blacklist, dedup / another queue, capacity.
+        (error name or None, rejection reason, fresh names)."""
         error = send_error(self.life)
         if error is not None:
             return error, "state", []
+        if not valid:
+            return ERRORS["BadEnvelope"], "invalid", []
         tracks = [self.tracks[n] for n in names]
         if any(t.spec.type and t.spec.type in self.blacklist for t in tracks):
             return "type_blacklisted", "blacklisted", []
