@@ -21,7 +21,7 @@ tree is never touched) and each mutant is ``pytest -x`` subprocesses in that cop
 this file loaded as a plugin (``-p mutate``): at import time it reads the mutation from
 the ``ENVQ_MUTANT`` environment variable (JSON) and patches the table in
 ``envq._machine`` and every alias of it in the other envq modules (``envq._queue`` does
-``from envq._machine import ...``). A mutant runs ``tests/test_table_rows.py`` first
+``from envq._machine import ...``). A mutant runs ``tests/queue/test_table_rows.py`` first
 and the other behavioural files only if it survives them; a kill by one of those others
 (some are timing-sensitive) counts only if the killing test alone (or, when it passes
 alone, its file) fails again with the mutant and passes without it. Two mutants run at
@@ -590,7 +590,7 @@ class Result(Generic[M]):
 class Runner:
     """Runs pytest subprocesses in a temporary copy of the repository.
 
-    A mutant runs in stages: first the row tests (``tests/test_table_rows.py``: no
+    A mutant runs in stages: first the row tests (``tests/queue/test_table_rows.py``: no
     threads, virtual time only, fast to collect), then, only if it survived them, every
     other behavioural test file. A kill by the second stage, whose tests include some
     timing-sensitive ones (threads, real time), is confirmed: the killing test alone
@@ -601,7 +601,7 @@ class Runner:
     def __init__(self, copy: Path, idle: float, files: Sequence[str]) -> None:
         self.copy = copy
         self.files = list(files)
-        first = self.files[:1] == [f"tests/{FIRST[0]}"]
+        first = [Path(f).name for f in self.files[:1]] == [FIRST[0]]
         self.stages = [self.files[:1], self.files[1:]] if first else [self.files]
         self.timeouts = [300.0 for _ in self.stages]
         env = dict(os.environ)
@@ -721,9 +721,12 @@ def behavioural_files(
 ) -> list[str]:
     """The behavioural test files, likely killers first."""
     left_out = ({*EXCLUDED} | set(exclude)) - set(include)
-    names = sorted(p.name for p in (root / "tests").glob("test_*.py") if p.name not in left_out)
+    # Test files live in subdirectories of tests/ and are named by file name alone
+    # (names are unique across the suite).
+    paths = {p.name: p.relative_to(root).as_posix() for p in (root / "tests").rglob("test_*.py")}
+    names = sorted(n for n in paths if n not in left_out)
     ordered = [n for n in FIRST if n in names] + [n for n in names if n not in FIRST]
-    return [f"tests/{n}" for n in ordered]
+    return [paths[n] for n in ordered]
 
 
 def copy_repo() -> Path:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import hypothesis
 import pytest
@@ -23,6 +25,10 @@ from hypothesis import HealthCheck, settings
 
 import envq._machine
 import envq._values
+
+# ``tests/strategies.py`` is imported as ``strategies`` by ``tests/test_stateful.py``.
+# Appended, not prepended: ``tests/queue/`` must not hide the standard library's ``queue``.
+sys.path.append(str(Path(__file__).resolve().parent))
 
 envq._machine.STRICT = os.environ.get("ENVQ_STRICT", "1") != "0"
 hypothesis.register_random(envq._values.default_rng)
