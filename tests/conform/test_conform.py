@@ -8,7 +8,6 @@ import io
 import json
 import logging
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +46,6 @@ SHORT = 8
 
 #: Enough to find each fault (each shows in a few steps), shrunk.
 FAULTY_RUN = Options(examples=300, steps=30, derandomize=True)
-
-
-@pytest.fixture(autouse=True)
-def _quiet_engine() -> Iterator[None]:
-    log = logging.getLogger("envq")
-    was, log.disabled = log.disabled, True
-    yield
-    log.disabled = was
 
 
 def _in_process(cls: type[Session] = Session) -> InProcessDriver:

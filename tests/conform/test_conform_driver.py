@@ -7,23 +7,13 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from envq.driver import Session, answer, serve
-
-
-@pytest.fixture(autouse=True)
-def _quiet_engine() -> Iterator[None]:
-    log = logging.getLogger("envq")
-    was, log.disabled = log.disabled, True
-    yield
-    log.disabled = was
 
 
 def _session(commands: list[Any], clock: str = "virtual") -> list[dict[str, Any]]:

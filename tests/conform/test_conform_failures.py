@@ -8,10 +8,8 @@ limit grows with the model time a command lets pass."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +23,6 @@ from envq.conform.transport import DriverCrashed, ProcessDriver, SharedProcess, 
 BROKEN = [sys.executable, str(Path(__file__).resolve().parent / "broken_drivers.py")]
 DRIVER = [sys.executable, "-m", "envq.driver"]
 QUICK = ["--examples", "5", "--steps", "10", "--derandomize"]
-
-
-@pytest.fixture(autouse=True)
-def _quiet_engine() -> Iterator[None]:
-    log = logging.getLogger("envq")
-    was, log.disabled = log.disabled, True
-    yield
-    log.disabled = was
 
 
 def _conform(

@@ -14,33 +14,16 @@ from hypothesis import strategies as st
 import envq
 from envq.conform.oracle import LIVE
 from envq.testing import run
-from tests.support import settle
+from tests.support import gated, noop, settle
 
 S = envq.EnvState
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.RETURNED})
-
-
-async def noop(env: envq.Envelope) -> None:
-    """An invoke that succeeds at once."""
 
 
 def simple(**kwargs: Any) -> envq.Envelope:
     """A one-off envelope that succeeds at once (unless kwargs say otherwise)."""
     kwargs.setdefault("invoke", noop)
     return envq.Envelope(**kwargs)
-
-
-def gated(
-    gate: asyncio.Event, calls: list[envq.Envelope] | None = None, **kwargs: Any
-) -> envq.Envelope:
-    """An envelope whose attempt lasts until ``gate`` is set; each attempt is logged in calls."""
-
-    async def invoke(env: envq.Envelope) -> None:
-        if calls is not None:
-            calls.append(env)
-        await gate.wait()
-
-    return envq.Envelope(invoke=invoke, **kwargs)
 
 
 def counted(calls: list[envq.Envelope], **kwargs: Any) -> envq.Envelope:

@@ -11,29 +11,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 import envq
 from envq import EnvState, Outcome
-from tests.support import running
-
-
-def sleeper(seconds: float, log: list[str] | None = None, name: str = "") -> Any:
-    async def run(env: envq.Envelope) -> None:
-        if log is not None:
-            log.append(f"{name} start")
-        try:
-            await asyncio.sleep(seconds)
-        except asyncio.CancelledError:
-            if log is not None:
-                log.append(f"{name} cancelled")
-            raise
-        if log is not None:
-            log.append(f"{name} end")
-
-    return run
+from tests.support import running, sleeper
 
 
 async def settle_threads(queue: envq.Queue) -> int:

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import envq
+from tests.support import assert_names
 
 SECONDS_FIELDS = ("interval", "deadline", "delay")
 HOOK_FIELDS = ("before", "after", "on_failure", "on_success")
@@ -69,13 +70,6 @@ not_callables = st.one_of(
     st.floats(allow_nan=False),
     st.lists(st.integers(), max_size=2),
 )
-
-
-def assert_names(exc: BaseException, *parts: str) -> None:
-    """The error message mentions every one of ``parts``."""
-    message = str(exc)
-    for part in parts:
-        assert part in message, f"{part!r} not in {message!r}"
 
 
 class TestEnvelopeConstruction:

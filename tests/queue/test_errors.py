@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import envq
 from envq.testing import run
-from tests.support import settle
+from tests.support import assert_names, gated, noop, settle
 
 HIERARCHY: list[tuple[type[BaseException], tuple[type[BaseException], ...]]] = [
     (envq.EnvqError, (Exception,)),
@@ -31,29 +31,9 @@ CONTROL_SIGNALS: list[type[BaseException]] = [envq.StopEnvelope, envq.StopType, 
 NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:_"
 
 
-def gated(gate: asyncio.Event) -> envq.Envelope:
-    """A one-off envelope whose attempt lasts until ``gate`` is set."""
-
-    async def invoke(env: envq.Envelope) -> None:
-        await gate.wait()
-
-    return envq.Envelope(invoke=invoke, id="g", type="gate")
-
-
-async def noop(env: envq.Envelope) -> None:
-    """An invoke that succeeds at once."""
-
-
 def state_of(q: envq.Queue) -> envq.QueueState:
     """The queue's state (a call, so checks after an await are not narrowed away)."""
     return q.state
-
-
-def assert_names(exc: BaseException, *parts: str) -> None:
-    """The error message mentions every one of ``parts``."""
-    message = str(exc)
-    for part in parts:
-        assert part in message, f"{part!r} not in {message!r}"
 
 
 class TestHierarchy:
@@ -171,7 +151,7 @@ class TestStateErrors:
         """While STOPPING, send() and start() raise QueueStopping naming the queue."""
         gate = asyncio.Event()
         q = envq.Queue("stopq")
-        q.send(gated(gate))
+        q.send(gated(gate, id="g", type="gate"))
         q.start()
         await settle()
         await q.stop(wait=False)
@@ -219,7 +199,7 @@ class TestSendMessages:
         gate = asyncio.Event()
         q = envq.Queue("stateq")
         q.start()
-        q.send(gated(gate))
+        q.send(gated(gate, id="g", type="gate"))
         await settle()
         if state == "stopping":
             await q.stop(wait=False)

@@ -5,71 +5,30 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any
 
 import attrs
 import pytest
 
 import envq
 from envq.conform.oracle import LIVE
-from tests.support import settle
+from tests.support import Recorder, lasting, settle
 
 S = envq.EnvState
 Q = envq.QueueState
 OC = envq.Outcome
 
 
-def now() -> float:
-    """The loop clock."""
-    return asyncio.get_running_loop().time()
-
-
-async def sleeper(env: envq.Envelope) -> None:
-    """An invoke that lasts ``env.payload`` seconds (0 when no payload)."""
-    await asyncio.sleep(env.payload or 0)
-
-
-def lasting(seconds: float = 0, **kwargs: Any) -> envq.Envelope:
-    """An envelope whose attempt lasts ``seconds``."""
-    return envq.Envelope(invoke=sleeper, payload=seconds, **kwargs)
-
-
-class Log:
-    """A listener that keeps every event with the loop time it was delivered at."""
-
-    def __init__(self, q: envq.Queue) -> None:
-        self.events: list[envq.Event] = []
-        self.delivered_at: list[float] = []
-        self.unsubscribe = q.subscribe(self)
-
-    def __call__(self, ev: envq.Event) -> None:
-        self.events.append(ev)
-        self.delivered_at.append(now())
-
-    def of(self, env: envq.Envelope) -> list[tuple[Any, Any, Any]]:
-        """(from, to, outcome) of one envelope's events."""
-        return [(e.from_state, e.to_state, e.outcome) for e in self.events if e.envelope is env]
-
-    def times(self, env: envq.Envelope) -> list[float]:
-        """The times of one envelope's events."""
-        return [e.time for e in self.events if e.envelope is env]
-
-    def queue(self) -> list[tuple[Any, Any]]:
-        """(from, to) of the queue's own events."""
-        return [(e.from_state, e.to_state) for e in self.events if e.envelope is None]
-
-
 class TestEnvelopeEvents:
     async def test_one_off_success(self) -> None:
         """A one-off goes NEW→READY→RUNNING→SUCCEEDED, the last with outcome OK, at loop times."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         await asyncio.sleep(3)
         env = lasting(5)
         q.send(env)
         await asyncio.sleep(10)
-        assert log.of(env) == [
+        assert log.moves(env) == [
             (S.NEW, S.READY, None),
             (S.READY, S.RUNNING, None),
             (S.RUNNING, S.SUCCEEDED, OC.OK),
@@ -84,13 +43,13 @@ class TestEnvelopeEvents:
     async def test_buffered_then_started(self) -> None:
         """An envelope sent before start() goes NEW→BUFFERED, then BUFFERED→READY at start."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         env = lasting(1)
         q.send(env)
         await asyncio.sleep(2)
         q.start()
         await asyncio.sleep(5)
-        assert log.of(env) == [
+        assert log.moves(env) == [
             (S.NEW, S.BUFFERED, None),
             (S.BUFFERED, S.READY, None),
             (S.READY, S.RUNNING, None),
@@ -102,12 +61,12 @@ class TestEnvelopeEvents:
     async def test_delayed(self) -> None:
         """An envelope with delay goes NEW→DELAYED, then DELAYED→READY when due."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         env = lasting(0, delay=10)
         q.send(env)
         await asyncio.sleep(20)
-        assert log.of(env)[:3] == [
+        assert log.moves(env)[:3] == [
             (S.NEW, S.DELAYED, None),
             (S.DELAYED, S.READY, None),
             (S.READY, S.RUNNING, None),
@@ -123,7 +82,7 @@ class TestEnvelopeEvents:
             raise boom
 
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         env = envq.Envelope(invoke=fail)
         q.send(env)
@@ -136,12 +95,12 @@ class TestEnvelopeEvents:
     async def test_periodic(self) -> None:
         """A periodic envelope goes RUNNING→DELAYED (OK) and DELAYED→READY each interval."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         env = lasting(0, interval=10)
         q.send(env)
         await asyncio.sleep(15)
-        assert log.of(env) == [
+        assert log.moves(env) == [
             (S.NEW, S.READY, None),
             (S.READY, S.RUNNING, None),
             (S.RUNNING, S.DELAYED, OC.OK),
@@ -155,27 +114,27 @@ class TestEnvelopeEvents:
     async def test_parked_and_returned(self) -> None:
         """A stop parks a delayed envelope (DELAYED→PARKED); terminate hands it back (→RETURNED)."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         env = lasting(0, delay=100)
         q.send(env)
         await asyncio.sleep(5)
         await q.stop()
-        assert log.of(env)[-1] == (S.DELAYED, S.PARKED, None)
+        assert log.moves(env)[-1] == (S.DELAYED, S.PARKED, None)
         assert log.times(env)[-1] == 5
         assert await q.terminate() == [env]
-        assert log.of(env)[-1] == (S.PARKED, S.RETURNED, None)
+        assert log.moves(env)[-1] == (S.PARKED, S.RETURNED, None)
 
     async def test_terminate_cancels_running(self) -> None:
         """terminate() ends a running attempt RUNNING→RETURNED with outcome CANCELLED."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         env = lasting(100)
         q.send(env)
         await asyncio.sleep(1)
         assert await q.terminate() == [env]
-        assert log.of(env)[-1] == (S.RUNNING, S.RETURNED, OC.CANCELLED)
+        assert log.moves(env)[-1] == (S.RUNNING, S.RETURNED, OC.CANCELLED)
 
     async def test_events_chain_and_carry_loop_time(self) -> None:
         """In a mixed run every event's time is the loop time and each envelope's moves chain."""
@@ -184,7 +143,7 @@ class TestEnvelopeEvents:
             raise RuntimeError("boom")
 
         q = envq.Queue("evq", workers=2)
-        log = Log(q)
+        log = Recorder(q)
         envs = [
             lasting(3),
             lasting(1, interval=4),
@@ -215,7 +174,7 @@ class TestEnvelopeEvents:
     async def test_event_is_frozen(self) -> None:
         """An Event cannot be modified."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         ev = log.events[0]
         with pytest.raises(attrs.exceptions.FrozenError):
@@ -229,13 +188,13 @@ class TestQueueEvents:
     async def test_lifecycle(self) -> None:
         """start, stop, restart and terminate emit the queue's state changes, envelope None."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         await asyncio.sleep(1)
         await q.stop()
         q.start()
         await q.terminate()
-        moves = log.queue()
+        moves = log.queue_moves()
         assert moves[:4] == [
             (Q.INIT, Q.RUNNING),
             (Q.RUNNING, Q.STOPPING),
@@ -257,14 +216,14 @@ class TestQueueEvents:
     async def test_terminate_from_init(self) -> None:
         """terminate() on an INIT queue emits exactly INIT→TERMINATED."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         await q.terminate()
-        assert log.queue() == [(Q.INIT, Q.TERMINATED)]
+        assert log.queue_moves() == [(Q.INIT, Q.TERMINATED)]
 
     async def test_noops_emit_nothing(self) -> None:
         """No-op calls (stop on INIT or STOPPED, start on RUNNING, terminate twice) emit nothing."""
         q = envq.Queue("evq")
-        log = Log(q)
+        log = Recorder(q)
         await q.stop()
         assert log.events == []
         q.start()
@@ -285,7 +244,7 @@ class TestSubscribe:
     async def test_unsubscribe(self) -> None:
         """After unsubscribing, a listener gets no more events; other listeners still do."""
         q = envq.Queue("evq")
-        first, second = Log(q), Log(q)
+        first, second = Recorder(q), Recorder(q)
         q.start()
         n = len(first.events)
         first.unsubscribe()
@@ -299,7 +258,7 @@ class TestSubscribe:
     async def test_listeners_see_the_same_sequence(self) -> None:
         """Every listener receives every event, in the same order."""
         q = envq.Queue("evq")
-        first, second = Log(q), Log(q)
+        first, second = Recorder(q), Recorder(q)
         q.start()
         q.send(lasting(1), lasting(2, interval=3))
         await asyncio.sleep(10)
@@ -316,7 +275,7 @@ class TestSubscribe:
 
         q = envq.Queue("evq")
         q.subscribe(bad)
-        log = Log(q)
+        log = Recorder(q)
         q.start()
         env = lasting(1)
         q.send(env)
@@ -325,7 +284,7 @@ class TestSubscribe:
         q.start()
         left = await q.terminate()
         assert left == []
-        assert log.of(env) == [
+        assert log.moves(env) == [
             (S.NEW, S.READY, None),
             (S.READY, S.RUNNING, None),
             (S.RUNNING, S.SUCCEEDED, OC.OK),
@@ -349,9 +308,9 @@ class TestSubscribe:
             raise ValueError("nope")
 
         q = envq.Queue("evq")
-        before = Log(q)
+        before = Recorder(q)
         q.subscribe(bad)
-        after = Log(q)
+        after = Recorder(q)
         q.start()
         q.send(lasting(1))
         await asyncio.sleep(2)

@@ -8,69 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 import envq
 from envq import EnvState, Outcome
-from tests.support import noop, now, running
-
-
-class Trace:
-    """Hooks and stamps that append their names to one shared log."""
-
-    def __init__(self) -> None:
-        self.log: list[str] = []
-
-    def hook(self, name: str, exc: BaseException | None = None) -> Callable[[envq.Envelope], Any]:
-        async def run(env: envq.Envelope) -> None:
-            self.log.append(name)
-            if exc is not None:
-                raise exc
-
-        return run
-
-    def on_failure(self, decision: envq.Decision | None = None) -> Any:
-        async def run(env: envq.Envelope, exc: BaseException, attempt: int) -> envq.Decision | None:
-            self.log.append("on_failure")
-            return decision
-
-        return run
-
-    def stamp(self, name: str) -> envq.Stamp:
-        def apply(nxt: envq.Invoker) -> envq.Invoker:
-            async def wrapped(env: envq.Envelope) -> None:
-                self.log.append(f"{name}>")
-                await nxt(env)
-                self.log.append(f"{name}<")
-
-            return wrapped
-
-        return apply
-
-    def envelope(self, invoke_exc: BaseException | None = None, **fields: Any) -> envq.Envelope:
-        options: dict[str, Any] = {
-            "invoke": self.hook("invoke", invoke_exc),
-            "before": self.hook("before"),
-            "after": self.hook("after"),
-            "on_success": self.hook("on_success"),
-            "on_failure": self.on_failure(),
-        }
-        options.update(fields)
-        return envq.Envelope(**options)
-
-
-def sleeper(seconds: float, log: list[str] | None = None, name: str = "") -> Any:
-    async def run(env: envq.Envelope) -> None:
-        if log is not None:
-            log.append(f"{name} start")
-        await asyncio.sleep(seconds)
-        if log is not None:
-            log.append(f"{name} end")
-
-    return run
+from tests.support import Trace, noop, now, running, sleeper
 
 
 class TestOrder:
@@ -124,7 +67,7 @@ class TestOrder:
             q.send(env)
             final = await rec.ended(env)
             assert final.outcome is Outcome.TIMEOUT
-        assert t.log == ["before", "invoke start", "on_failure"]
+        assert t.log == ["before", "invoke start", "invoke cancelled", "on_failure"]
 
     async def test_stop_from_invoke_runs_after(self) -> None:
         """On STOP from invoke, after still runs; on_success and on_failure do not."""
@@ -313,7 +256,7 @@ class TestBudgets:
             final = await rec.ended(env)
             assert final.outcome is Outcome.OK
             assert final.to_state is EnvState.SUCCEEDED
-        assert log == ["after start"]
+        assert log == ["after start", "after cancelled"]
         assert successes == pytest.approx([0.8])
         assert any(r.levelno >= logging.WARNING for r in caplog.records)
 
@@ -336,7 +279,7 @@ class TestBudgets:
             final = await rec.ended(env)
             assert final.outcome is Outcome.OK
             assert final.to_state is EnvState.SUCCEEDED
-        assert log == ["after start"]
+        assert log == ["after start", "after cancelled"]
         assert successes == pytest.approx([10])
 
     async def test_on_failure_gets_own_budget_after_deadline(self) -> None:
@@ -414,4 +357,4 @@ class TestBudgets:
             assert final.to_state is EnvState.SUCCEEDED
             assert final.time == pytest.approx(0.8)
             assert q.capacity_used == 0
-        assert log == ["on_success start"]
+        assert log == ["on_success start", "on_success cancelled"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 import pytest
@@ -14,48 +13,11 @@ import pytest
 import envq
 from envq._machine import TERMINAL_STATES
 from envq.testing import VirtualTimeLoop, advance
-from tests.support import now, settle
+from tests.support import Trace, now, settle
 
 QS = envq.QueueState
 ES = envq.EnvState
 TERMINAL = TERMINAL_STATES
-
-
-class Trace:
-    """Records a queue's events and every attempt's start, end and cancellation."""
-
-    def __init__(self) -> None:
-        self.events: list[envq.Event] = []
-        self.starts: list[tuple[Hashable, float]] = []
-        self.ends: list[tuple[Hashable, float]] = []
-        self.cancels: list[tuple[Hashable, float]] = []
-
-    def watch(self, q: envq.Queue) -> None:
-        q.subscribe(self.events.append)
-
-    def job(self, seconds: float = 0.0) -> Callable[[envq.Envelope], Awaitable[None]]:
-        async def invoke(env: envq.Envelope) -> None:
-            self.starts.append((env.id, now()))
-            try:
-                await asyncio.sleep(seconds)
-            except asyncio.CancelledError:
-                self.cancels.append((env.id, now()))
-                raise
-            self.ends.append((env.id, now()))
-
-        return invoke
-
-    def env(self, id: Hashable, seconds: float = 0.0, **fields: Any) -> envq.Envelope:
-        return envq.Envelope(invoke=self.job(seconds), id=id, **fields)
-
-    def started(self, id: Hashable) -> list[float]:
-        return [t for i, t in self.starts if i == id]
-
-    def states(self, env: envq.Envelope) -> list[envq.EnvState | envq.QueueState]:
-        return [e.to_state for e in self.events if e.envelope is env]
-
-    def queue_states(self) -> list[envq.EnvState | envq.QueueState]:
-        return [e.to_state for e in self.events if e.envelope is None]
 
 
 def snapshot(q: envq.Queue, trace: Trace) -> tuple[object, ...]:

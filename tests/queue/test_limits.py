@@ -8,12 +8,10 @@ The limiters are checked against client-go's documented behaviour
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,10 +21,7 @@ from hypothesis import strategies as st
 import envq
 from envq import EnvState, Outcome
 from envq.testing import run
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
+from tests.support import Starts, gaps, now, raising, running
 
 
 class Clock:
@@ -37,19 +32,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-class Starts:
-    """An invoke that records the loop time of every call and fails the first ``fails``."""
-
-    def __init__(self, fails: int = 0) -> None:
-        self.times: list[float] = []
-        self.fails = fails
-
-    async def __call__(self, env: envq.Envelope) -> None:
-        self.times.append(now())
-        if len(self.times) <= self.fails:
-            raise ValueError(f"failure {len(self.times)}")
 
 
 class Ends:
@@ -64,27 +46,6 @@ class Ends:
     def _on(self, event: envq.Event) -> None:
         if event.envelope is not None and event.to_state in self.TERMINAL:
             self.events[event.envelope] = event
-
-
-@contextlib.asynccontextmanager
-async def running(**options: Any) -> AsyncIterator[envq.Queue]:
-    queue = envq.Queue("limits", **options)
-    queue.start()
-    try:
-        yield queue
-    finally:
-        await queue.terminate()
-
-
-def raising(exc: BaseException) -> Callable[[envq.Envelope], Any]:
-    async def invoke(env: envq.Envelope) -> None:
-        raise exc
-
-    return invoke
-
-
-def gaps(times: list[float]) -> list[float]:
-    return [b - a for a, b in itertools.pairwise(times)]
 
 
 # --------------------------------------------------------------------------------------
@@ -438,7 +399,7 @@ class TestRetry:
         env = envq.Envelope(
             invoke=invoke, retry=envq.Retry(attempts=-1, base=1, cap=8, jitter=False)
         )
-        async with running() as q:
+        async with running() as (q, _):
             ends = Ends(q)
             q.send(env)
             await q.run_until_empty()
@@ -460,7 +421,7 @@ class TestQueueLimiter:
         """A "retry now" waits what the limiter says."""
         invoke = Starts(fails=3)
         env = envq.Envelope(invoke=invoke, on_failure=retry_now_hook)
-        async with running(limiter=envq.ExponentialBackoff(2, 100)) as q:
+        async with running(limiter=envq.ExponentialBackoff(2, 100)) as (q, _):
             q.send(env)
             await q.run_until_empty()
         assert invoke.times == [0, 2, 6, 14]
@@ -470,7 +431,7 @@ class TestQueueLimiter:
         invoke = Starts(fails=3)
         retry = envq.Retry(attempts=5, base=3, jitter=False)
         env = envq.Envelope(invoke=invoke, retry=retry)
-        async with running(limiter=envq.FastSlow(fast=1, slow=20, fast_attempts=2)) as q:
+        async with running(limiter=envq.FastSlow(fast=1, slow=20, fast_attempts=2)) as (q, _):
             q.send(env)
             await q.run_until_empty()
         assert gaps(invoke.times) == [3, 6, 20]
@@ -479,7 +440,7 @@ class TestQueueLimiter:
         """A periodic envelope's error reschedules after max(interval, limiter.when(env))."""
         invoke = Starts(fails=3)
         env = envq.Envelope(invoke=invoke, interval=5)
-        async with running(limiter=envq.ExponentialBackoff(2, 100)) as q:
+        async with running(limiter=envq.ExponentialBackoff(2, 100)) as (q, _):
             q.send(env)
             await asyncio.sleep(40)
         assert gaps(invoke.times)[:4] == [5, 5, 8, 5]
@@ -489,7 +450,7 @@ class TestQueueLimiter:
         lim = envq.ExponentialBackoff(1, 100)
         ok = envq.Envelope(invoke=Starts(fails=2), retry=envq.Retry(attempts=5, jitter=False))
         bad = envq.Envelope(invoke=Starts(fails=9), retry=envq.Retry(attempts=2, jitter=False))
-        async with running(limiter=lim, workers=2) as q:
+        async with running(limiter=lim, workers=2) as (q, _):
             seen: list[int] = []
             q.subscribe(
                 lambda e: (
@@ -514,7 +475,7 @@ class TestQueueLimiter:
                 raise ValueError("flaky")
 
         env = envq.Envelope(invoke=flaky, interval=1)
-        async with running(limiter=envq.ExponentialBackoff(4, 100)) as q:
+        async with running(limiter=envq.ExponentialBackoff(4, 100)) as (q, _):
             q.send(env)
             await asyncio.sleep(45)
         assert gaps(invoke.times)[:6] == [4, 8, 1, 4, 8, 16]
@@ -526,7 +487,7 @@ class TestQueueLimiter:
         async def work(env: envq.Envelope) -> None:
             starts.append(now())
 
-        async with running(rate=envq.TokenBucket(rate=5, burst=10), workers=4) as q:
+        async with running(rate=envq.TokenBucket(rate=5, burst=10), workers=4) as (q, _):
             q.send(*(envq.Envelope(invoke=work) for _ in range(30)))
             await q.run_until_empty()
         assert starts[:10] == [0] * 10
@@ -539,7 +500,7 @@ class TestQueueLimiter:
         async def work(env: envq.Envelope) -> None:
             starts.append(now())
 
-        async with running(rate=envq.TokenBucket(rate=10, burst=5), workers=3) as q:
+        async with running(rate=envq.TokenBucket(rate=10, burst=5), workers=3) as (q, _):
             q.send(*(envq.Envelope(invoke=work) for _ in range(505)))
             await q.run_until_empty()
         assert starts[-1] - starts[0] == pytest.approx(50.0)
@@ -634,7 +595,7 @@ class TestLimiterProperty:
                 return env
 
             batch = [build(fails, plan) for fails, plan in envs]
-            async with running(limiter=lim, workers=workers) as q:
+            async with running(limiter=lim, workers=workers) as (q, _):
                 q.send(*batch)
                 async with asyncio.timeout(10_000):
                     await q.run_until_empty()
@@ -673,7 +634,7 @@ class TestDeadLetter:
         timed_out = envq.Envelope(invoke=slow, deadline=1)
         fine = envq.Envelope(invoke=Starts())
         stopped = envq.Envelope(invoke=raising(envq.StopEnvelope()))
-        async with running(dead_letter=lambda e, x: got.append((e, x)), workers=3) as q:
+        async with running(dead_letter=lambda e, x: got.append((e, x)), workers=3) as (q, _):
             q.send(exhausted, dropped, refused, timed_out, fine, stopped)
             await q.run_until_empty()
         errors = dict(got)
@@ -696,7 +657,7 @@ class TestDeadLetter:
             got.append((env, exc))
 
         env = envq.Envelope(invoke=Starts(fails=1))
-        async with running(dead_letter=sink) as q:
+        async with running(dead_letter=sink) as (q, _):
             q.send(env)
             await q.run_until_empty()
             await asyncio.sleep(2)
@@ -711,7 +672,7 @@ class TestDeadLetter:
 
         a, b = envq.Envelope(invoke=Starts(fails=1)), envq.Envelope(invoke=Starts())
         with caplog.at_level(logging.ERROR, logger="envq"):
-            async with running(dead_letter=sink) as q:
+            async with running(dead_letter=sink) as (q, _):
                 ends = Ends(q)
                 q.send(a, b)
                 await q.run_until_empty()

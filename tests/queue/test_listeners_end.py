@@ -11,12 +11,9 @@ import pytest
 
 import envq
 from envq.testing import VirtualTimeLoop
+from tests.support import noop
 
 S = envq.EnvState
-
-
-async def noop(env: envq.Envelope) -> None:
-    pass
 
 
 async def boom(env: envq.Envelope) -> None:

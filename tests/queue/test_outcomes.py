@@ -16,21 +16,7 @@ import pytest
 
 import envq
 from envq import EnvState, Kind, Outcome
-from tests.support import TERMINAL, noop, now, raising, running
-
-
-class Starts:
-    """An invoke that records the loop time of every call and fails the first ``fails``."""
-
-    def __init__(self, fails: int = 0, exc: type[BaseException] = ValueError) -> None:
-        self.times: list[float] = []
-        self.fails = fails
-        self.exc = exc
-
-    async def __call__(self, env: envq.Envelope) -> None:
-        self.times.append(now())
-        if len(self.times) <= self.fails:
-            raise self.exc(f"failure {len(self.times)}")
+from tests.support import TERMINAL, Starts, noop, now, raising, running
 
 
 def by_state(queue: envq.Queue, state: EnvState) -> int:

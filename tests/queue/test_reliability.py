@@ -29,21 +29,10 @@ import envq
 from envq import EnvState as ES
 from envq import QueueState as QS
 from envq.testing import run
-from tests.support import Recorder, noop, now, settle
+from tests.support import Recorder, noop, now, settle, sleeper
 
 #: Real seconds to wait for anything that should happen "soon".
 PATIENCE = 20.0
-
-
-def sleeper(seconds: float, log: list[str] | None = None, name: str = "") -> Any:
-    async def invoke(env: envq.Envelope) -> None:
-        if log is not None:
-            log.append(f"{name} start")
-        await asyncio.sleep(seconds)
-        if log is not None:
-            log.append(f"{name} end")
-
-    return invoke
 
 
 def accounted(q: envq.Queue, envs: list[envq.Envelope], rec: Recorder) -> None:

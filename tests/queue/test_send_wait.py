@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,33 +11,9 @@ from hypothesis import strategies as st
 import envq
 from envq.conform.oracle import room_in_time
 from envq.testing import run
-from tests.support import settle
+from tests.support import gated, lasting, nap, now, settle
 
 S = envq.EnvState
-
-
-def now() -> float:
-    """The loop clock."""
-    return asyncio.get_running_loop().time()
-
-
-async def sleeper(env: envq.Envelope) -> None:
-    """An invoke that lasts ``env.payload`` seconds."""
-    await asyncio.sleep(env.payload)
-
-
-def lasting(seconds: float, **kwargs: Any) -> envq.Envelope:
-    """A one-off envelope whose attempt lasts ``seconds``."""
-    return envq.Envelope(invoke=sleeper, payload=seconds, **kwargs)
-
-
-def gated(gate: asyncio.Event, **kwargs: Any) -> envq.Envelope:
-    """A one-off envelope whose attempt lasts until ``gate`` is set."""
-
-    async def invoke(env: envq.Envelope) -> None:
-        await gate.wait()
-
-    return envq.Envelope(invoke=invoke, **kwargs)
 
 
 class Admissions:
@@ -470,7 +445,7 @@ class TestTimeoutAtTheInstantOfRoom:
     async def _race(free_at: float, patience: float) -> tuple[BaseException | None, float]:
         q = envq.Queue("tie", capacity=1)
         q.start()
-        q.send(envq.Envelope(invoke=sleeper, payload=0, delay=free_at))
+        q.send(envq.Envelope(invoke=nap, payload=0, delay=free_at))
         await asyncio.sleep(8.0)
         started = now()
         waiter = asyncio.ensure_future(q.send_wait(lasting(0), timeout=patience))
@@ -495,7 +470,7 @@ class TestTimeoutAtTheInstantOfRoom:
     async def test_the_room_goes_to_the_next_producer(self) -> None:
         q = envq.Queue("tie_next", capacity=1)
         q.start()
-        q.send(envq.Envelope(invoke=sleeper, payload=0, delay=8.5))
+        q.send(envq.Envelope(invoke=nap, payload=0, delay=8.5))
         await asyncio.sleep(8.0)
         first = asyncio.ensure_future(q.send_wait(lasting(0), timeout=0.5))
         nxt = lasting(60, id="next")

@@ -4,66 +4,18 @@ stop()/wait_stopped()/send() called from inside the queue."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable
-from typing import Any
 
 import attrs
 import pytest
 
 import envq
 from envq.testing import advance
-from tests.support import now, settle
+from tests.support import QueueMaker, Trace, now, settle
 
 QS = envq.QueueState
 ES = envq.EnvState
 DRAIN = envq.StopMode.DRAIN
 STOP = envq.StopMode.STOP
-
-
-class Trace:
-    """Records a queue's events and every attempt's start, end and cancellation."""
-
-    def __init__(self) -> None:
-        self.events: list[envq.Event] = []
-        self.starts: list[tuple[Hashable, float]] = []
-        self.ends: list[tuple[Hashable, float]] = []
-        self.cancels: list[tuple[Hashable, float]] = []
-
-    def watch(self, q: envq.Queue) -> None:
-        q.subscribe(self.events.append)
-
-    def job(
-        self, seconds: float = 0.0, *, fail: bool = False
-    ) -> Callable[[envq.Envelope], Awaitable[None]]:
-        async def invoke(env: envq.Envelope) -> None:
-            self.starts.append((env.id, now()))
-            try:
-                await asyncio.sleep(seconds)
-            except asyncio.CancelledError:
-                self.cancels.append((env.id, now()))
-                raise
-            self.ends.append((env.id, now()))
-            if fail:
-                raise RuntimeError(f"{env.id} failed")
-
-        return invoke
-
-    def env(
-        self, id: Hashable, seconds: float = 0.0, *, fail: bool = False, **fields: Any
-    ) -> envq.Envelope:
-        return envq.Envelope(invoke=self.job(seconds, fail=fail), id=id, **fields)
-
-    def started(self, id: Hashable) -> list[float]:
-        return [t for i, t in self.starts if i == id]
-
-    def for_env(self, env: envq.Envelope) -> list[envq.Event]:
-        return [e for e in self.events if e.envelope is env]
-
-    def states(self, env: envq.Envelope) -> list[envq.EnvState | envq.QueueState]:
-        return [e.to_state for e in self.for_env(env)]
-
-    def last(self, env: envq.Envelope) -> envq.EnvState | envq.QueueState:
-        return self.states(env)[-1]
 
 
 async def retry_in_40(env: envq.Envelope, exc: BaseException, attempt: int) -> envq.Decision:
@@ -72,12 +24,6 @@ async def retry_in_40(env: envq.Envelope, exc: BaseException, attempt: int) -> e
 
 async def retry_now(env: envq.Envelope, exc: BaseException, attempt: int) -> envq.Decision:
     return envq.retry_now()
-
-
-def make_queue(trace: Trace, **fields: Any) -> envq.Queue:
-    q = envq.Queue("stops", **fields)
-    trace.watch(q)
-    return q
 
 
 # ---------------------------------------------------------------------------------------
@@ -108,7 +54,7 @@ CELLS = [
 class TestStopModeTable:
     @pytest.mark.parametrize("wait", [True, False], ids=["wait", "nowait"])
     @pytest.mark.parametrize("cell", CELLS, ids=["drain", "stop", "stop-cancel"])
-    async def test_cell(self, cell: Cell, wait: bool) -> None:
+    async def test_cell(self, cell: Cell, wait: bool, make_queue: QueueMaker) -> None:
         """Each stop mode treats ready, in-flight and delayed envelopes as its table row
         says, returning the final report at once (wait=False) or when complete."""
         trace = Trace()
@@ -150,7 +96,7 @@ class TestStopModeTable:
         assert trace.started("d") == [299.0]
         await q.stop()
 
-    async def test_queue_default_mode_is_used(self) -> None:
+    async def test_queue_default_mode_is_used(self, make_queue: QueueMaker) -> None:
         """stop() without mode uses the queue's stop_mode (STOP parks ready envelopes)."""
         trace = Trace()
         q = make_queue(trace, workers=1, stop_mode=STOP)
@@ -164,7 +110,7 @@ class TestStopModeTable:
         assert trace.started("r") == []
         await q.terminate()
 
-    async def test_mode_argument_overrides_queue_mode(self) -> None:
+    async def test_mode_argument_overrides_queue_mode(self, make_queue: QueueMaker) -> None:
         """stop(mode=DRAIN) on a STOP queue drains the ready envelopes."""
         trace = Trace()
         q = make_queue(trace, workers=1, stop_mode=STOP)
@@ -177,7 +123,7 @@ class TestStopModeTable:
         assert report.completed == (f, r)
         assert now() == 10.0
 
-    async def test_queue_default_drain_is_used(self) -> None:
+    async def test_queue_default_drain_is_used(self, make_queue: QueueMaker) -> None:
         """stop() without mode on a default queue drains (DRAIN is the default)."""
         trace = Trace()
         q = make_queue(trace, workers=1)
@@ -189,7 +135,7 @@ class TestStopModeTable:
         assert report.completed == (f, r)
         assert now() == 10.0
 
-    async def test_queue_wait_false_is_the_default_for_stop(self) -> None:
+    async def test_queue_wait_false_is_the_default_for_stop(self, make_queue: QueueMaker) -> None:
         """On a Queue(wait=False), stop() returns at once; stop(wait=True) waits."""
         trace = Trace()
         q = make_queue(trace, wait=False)
@@ -203,7 +149,7 @@ class TestStopModeTable:
         assert now() == 5.0
         assert final.complete is True
 
-    async def test_wait_false_argument_overrides_queue_wait(self) -> None:
+    async def test_wait_false_argument_overrides_queue_wait(self, make_queue: QueueMaker) -> None:
         """On a default Queue(wait=True), stop(wait=False) returns at once."""
         trace = Trace()
         q = make_queue(trace)
@@ -216,7 +162,7 @@ class TestStopModeTable:
         assert (await q.wait_stopped()).complete is True
         assert now() == 5.0
 
-    async def test_stop_with_nothing_in_flight_is_complete(self) -> None:
+    async def test_stop_with_nothing_in_flight_is_complete(self, make_queue: QueueMaker) -> None:
         """A stop with nothing to wait for is complete at once, parking the delayed."""
         trace = Trace()
         q = make_queue(trace)
@@ -235,7 +181,7 @@ class TestStopModeTable:
 
 
 class TestParking:
-    async def test_delayed_one_off_keeps_remaining_delay(self) -> None:
+    async def test_delayed_one_off_keeps_remaining_delay(self, make_queue: QueueMaker) -> None:
         """A delayed envelope parked at t=10 with 90 s to go runs 90 s after the next start."""
         trace = Trace()
         q = make_queue(trace)
@@ -251,7 +197,7 @@ class TestParking:
         assert trace.started("d") == [590.0]
         await q.stop()
 
-    async def test_periodic_keeps_remaining_interval(self) -> None:
+    async def test_periodic_keeps_remaining_interval(self, make_queue: QueueMaker) -> None:
         """A periodic envelope parked 10 s into a 30 s interval runs 20 s after the next start,
         then every 30 s."""
         trace = Trace()
@@ -269,7 +215,7 @@ class TestParking:
         await q.stop()
         await q.terminate()
 
-    async def test_retry_delay_is_kept(self) -> None:
+    async def test_retry_delay_is_kept(self, make_queue: QueueMaker) -> None:
         """An envelope waiting 40 s to retry, parked after 15 s, retries 25 s after start."""
         trace = Trace()
         q = make_queue(trace)
@@ -287,7 +233,7 @@ class TestParking:
         await q.stop()
         await q.terminate()
 
-    async def test_parked_ready_envelope_runs_at_start(self) -> None:
+    async def test_parked_ready_envelope_runs_at_start(self, make_queue: QueueMaker) -> None:
         """A ready envelope parked by a STOP-mode stop runs as soon as the queue restarts."""
         trace = Trace()
         q = make_queue(trace, workers=1)
@@ -303,7 +249,7 @@ class TestParking:
         assert trace.started("r") == [50.0]
         await q.stop()
 
-    async def test_cancelled_attempt_is_parked_and_reruns(self) -> None:
+    async def test_cancelled_attempt_is_parked_and_reruns(self, make_queue: QueueMaker) -> None:
         """An attempt cancelled by stop(cancel=True) is parked and runs again after start."""
         trace = Trace()
         q = make_queue(trace)
@@ -320,7 +266,7 @@ class TestParking:
         assert trace.started("f") == [0.0, 10.0]
         assert trace.last(f) is ES.SUCCEEDED
 
-    async def test_parked_count_against_capacity(self) -> None:
+    async def test_parked_count_against_capacity(self, make_queue: QueueMaker) -> None:
         """Parked envelopes keep their capacity slots across the stop and the restart."""
         trace = Trace()
         q = make_queue(trace, capacity=2)
@@ -340,7 +286,7 @@ class TestParking:
 
 
 class TestReschedulesDuringStop:
-    async def test_periodic_reschedule_is_parked(self) -> None:
+    async def test_periodic_reschedule_is_parked(self, make_queue: QueueMaker) -> None:
         """A periodic attempt that ends during a stop reschedules into PARKED, keeping the
         full interval for the next start."""
         trace = Trace()
@@ -362,7 +308,7 @@ class TestReschedulesDuringStop:
         await q.stop()
         await q.terminate()
 
-    async def test_retry_now_during_drain_is_parked(self) -> None:
+    async def test_retry_now_during_drain_is_parked(self, make_queue: QueueMaker) -> None:
         """retry_now decided during a DRAIN stop parks the envelope instead of re-running it."""
         trace = Trace()
         q = make_queue(trace)
@@ -384,7 +330,9 @@ class TestReschedulesDuringStop:
         await q.stop()
         await q.terminate()
 
-    async def test_retry_policy_backoff_is_parked_with_its_delay(self) -> None:
+    async def test_retry_policy_backoff_is_parked_with_its_delay(
+        self, make_queue: QueueMaker
+    ) -> None:
         """A Retry backoff decided during a stop parks the envelope with the backoff delay."""
         trace = Trace()
         q = make_queue(trace)
@@ -401,7 +349,9 @@ class TestReschedulesDuringStop:
         await q.stop()
         await q.terminate()
 
-    async def test_drained_ready_envelope_reschedule_is_parked(self) -> None:
+    async def test_drained_ready_envelope_reschedule_is_parked(
+        self, make_queue: QueueMaker
+    ) -> None:
         """A ready periodic envelope run by DRAIN parks its next run."""
         trace = Trace()
         q = make_queue(trace, workers=1)
@@ -417,7 +367,7 @@ class TestReschedulesDuringStop:
         assert trace.last(p) is ES.PARKED
         await q.terminate()
 
-    async def test_due_during_drain_stays_parked(self) -> None:
+    async def test_due_during_drain_stays_parked(self, make_queue: QueueMaker) -> None:
         """An envelope parked at a DRAIN stop does not run when its time comes during the
         drain, and keeps its remaining delay for the next start."""
         trace = Trace()
@@ -468,7 +418,11 @@ class TestStopWaitsForHooks:
     @pytest.mark.parametrize(("mode", "cancel"), MODES, ids=["drain", "stop", "stop-cancel"])
     @pytest.mark.parametrize("hook", HOOKS)
     async def test_stop_during_a_hook_returns_after_it(
-        self, hook: str, mode: envq.StopMode, cancel: bool
+        self,
+        hook: str,
+        mode: envq.StopMode,
+        cancel: bool,
+        make_queue: QueueMaker,
     ) -> None:
         """A stop issued while a success or failure hook runs returns only after the hook
         has ended (a hook is never cancelled by a stop), and its report counts the
@@ -493,7 +447,9 @@ class TestStopWaitsForHooks:
         await q.terminate()
 
     @pytest.mark.parametrize("hook", HOOKS)
-    async def test_another_attempt_ending_does_not_finish_the_stop(self, hook: str) -> None:
+    async def test_another_attempt_ending_does_not_finish_the_stop(
+        self, hook: str, make_queue: QueueMaker
+    ) -> None:
         """While one worker is inside a hook, another worker's attempt ending during the
         stop does not complete the stop: it completes when the hook ends, and its report
         counts both attempts and parks the envelope the hook put back."""
@@ -526,7 +482,7 @@ class TestStopWaitsForHooks:
 
 
 class TestStopReport:
-    async def test_parked_in_admission_order(self) -> None:
+    async def test_parked_in_admission_order(self, make_queue: QueueMaker) -> None:
         """report.parked lists the envelopes in the order they were admitted."""
         trace = Trace()
         q = make_queue(trace)
@@ -539,7 +495,9 @@ class TestStopReport:
         assert report.parked == (c, a, b)
         await q.terminate()
 
-    async def test_completed_only_counts_attempts_ending_during_the_stop(self) -> None:
+    async def test_completed_only_counts_attempts_ending_during_the_stop(
+        self, make_queue: QueueMaker
+    ) -> None:
         """completed lists every attempt that finished during the stop, failed ones too,
         and none that finished before it."""
         trace = Trace()
@@ -558,7 +516,7 @@ class TestStopReport:
         assert report.parked == ()
         assert trace.last(y) is ES.FAILED
 
-    async def test_report_is_frozen(self) -> None:
+    async def test_report_is_frozen(self, make_queue: QueueMaker) -> None:
         """A StopReport cannot be changed."""
         trace = Trace()
         q = make_queue(trace)
@@ -571,7 +529,9 @@ class TestStopReport:
         assert len(report.parked) == 1
         await q.terminate()
 
-    async def test_wait_stopped_in_running_waits_for_next_stop(self) -> None:
+    async def test_wait_stopped_in_running_waits_for_next_stop(
+        self, make_queue: QueueMaker
+    ) -> None:
         """wait_stopped() in RUNNING waits until the next stop completes and returns its
         final report."""
         trace = Trace()
@@ -587,7 +547,7 @@ class TestStopReport:
         assert report.complete is True
         assert now() == 14.0
 
-    async def test_wait_stopped_in_init_waits_for_next_stop(self) -> None:
+    async def test_wait_stopped_in_init_waits_for_next_stop(self, make_queue: QueueMaker) -> None:
         """wait_stopped() in INIT waits through start() until the stop completes."""
         trace = Trace()
         q = make_queue(trace)
@@ -605,7 +565,9 @@ class TestStopReport:
         assert report.complete is True
         assert report.completed == (f,)
 
-    async def test_wait_stopped_in_stopped_returns_final_report(self) -> None:
+    async def test_wait_stopped_in_stopped_returns_final_report(
+        self, make_queue: QueueMaker
+    ) -> None:
         """wait_stopped() in STOPPED returns the last final report at once."""
         trace = Trace()
         q = make_queue(trace)
@@ -617,7 +579,7 @@ class TestStopReport:
         assert await q.wait_stopped() == report
         assert now() == 13.0
 
-    async def test_concurrent_stops_share_the_final_report(self) -> None:
+    async def test_concurrent_stops_share_the_final_report(self, make_queue: QueueMaker) -> None:
         """Two stop() calls at once both return the same final report when it completes."""
         trace = Trace()
         q = make_queue(trace)
@@ -631,7 +593,7 @@ class TestStopReport:
         assert first.completed == (f,)
         assert first.complete is True
 
-    async def test_each_stop_has_its_own_report(self) -> None:
+    async def test_each_stop_has_its_own_report(self, make_queue: QueueMaker) -> None:
         """A second stop after a restart reports only its own attempts and parks."""
         trace = Trace()
         q = make_queue(trace)
@@ -656,7 +618,7 @@ class TestStopReport:
 
 
 class TestCallsFromInside:
-    async def test_stop_from_attempt_spares_caller(self) -> None:
+    async def test_stop_from_attempt_spares_caller(self, make_queue: QueueMaker) -> None:
         """stop(cancel=True) from an attempt returns at once incomplete, cancels the other
         in-flight attempt, and completes when the caller's attempt ends."""
         trace = Trace()
@@ -686,7 +648,7 @@ class TestCallsFromInside:
         assert q.state is QS.STOPPED
         await q.terminate()
 
-    async def test_stop_from_spawned_task_spares_caller(self) -> None:
+    async def test_stop_from_spawned_task_spares_caller(self, make_queue: QueueMaker) -> None:
         """stop(cancel=True) from a task an attempt spawned spares that attempt."""
         trace = Trace()
         q = make_queue(trace)
@@ -713,7 +675,9 @@ class TestCallsFromInside:
         assert report.cancelled == ()
         assert trace.last(c) is ES.SUCCEEDED
 
-    async def test_task_outliving_its_attempt_spares_no_other_attempt(self) -> None:
+    async def test_task_outliving_its_attempt_spares_no_other_attempt(
+        self, make_queue: QueueMaker
+    ) -> None:
         """stop(cancel=True) from a task whose spawning attempt has ended spares nobody: the
         attempt now running on that worker is cancelled and parked."""
         trace = Trace()
@@ -739,7 +703,7 @@ class TestCallsFromInside:
         assert trace.last(b) is ES.PARKED
         await q.terminate()
 
-    async def test_stop_from_before_hook_spares_caller(self) -> None:
+    async def test_stop_from_before_hook_spares_caller(self, make_queue: QueueMaker) -> None:
         """stop(cancel=True) from a before hook spares the attempt, which runs on to OK."""
         trace = Trace()
         q = make_queue(trace)
@@ -757,7 +721,7 @@ class TestCallsFromInside:
         assert report.completed == (c,)
         assert trace.last(c) is ES.SUCCEEDED
 
-    async def test_stop_from_periodic_attempt_parks_it(self) -> None:
+    async def test_stop_from_periodic_attempt_parks_it(self, make_queue: QueueMaker) -> None:
         """A periodic envelope stopping its own queue finishes its attempt and is parked."""
         trace = Trace()
         q = make_queue(trace)
@@ -780,7 +744,7 @@ class TestCallsFromInside:
         assert runs == [0.0, 10.0, 20.0]
         await q.terminate()
 
-    async def test_wait_stopped_from_attempt_raises(self) -> None:
+    async def test_wait_stopped_from_attempt_raises(self, make_queue: QueueMaker) -> None:
         """wait_stopped() from an attempt raises RuntimeError (it would wait for itself)."""
         trace = Trace()
         q = make_queue(trace)
@@ -801,7 +765,7 @@ class TestCallsFromInside:
         assert trace.last(c) is ES.SUCCEEDED
         await q.stop()
 
-    async def test_wait_stopped_from_spawned_task_raises(self) -> None:
+    async def test_wait_stopped_from_spawned_task_raises(self, make_queue: QueueMaker) -> None:
         """wait_stopped() from a task an attempt spawned raises RuntimeError."""
         trace = Trace()
         q = make_queue(trace)
@@ -823,7 +787,7 @@ class TestCallsFromInside:
         assert q.state is QS.RUNNING
         await q.stop()
 
-    async def test_send_from_attempt_while_stopping_raises(self) -> None:
+    async def test_send_from_attempt_while_stopping_raises(self, make_queue: QueueMaker) -> None:
         """send() from an attempt while the queue is STOPPING raises QueueStopping."""
         trace = Trace()
         q = make_queue(trace)
@@ -847,7 +811,7 @@ class TestCallsFromInside:
         assert trace.for_env(late) == []
         assert q.capacity_used == 0
 
-    async def test_send_from_attempt_while_running_admits(self) -> None:
+    async def test_send_from_attempt_while_running_admits(self, make_queue: QueueMaker) -> None:
         """send() from an attempt while the queue is RUNNING admits the envelope."""
         trace = Trace()
         q = make_queue(trace)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 import envq
 from envq._machine import TERMINAL_STATES
 from envq.testing import advance, run
-from tests.support import now, settle
+from tests.support import QueueMaker, Trace, now, settle
 
 QS = envq.QueueState
 ES = envq.EnvState
@@ -25,75 +24,6 @@ TERMINAL = TERMINAL_STATES
 
 
 Behaviour = str  # "ok", "fail", "stop", "no_retry", "retry"
-
-
-async def retry_in_3(env: envq.Envelope, exc: BaseException, attempt: int) -> envq.Decision:
-    return envq.retry_after(3)
-
-
-class Trace:
-    """Records a queue's events and every attempt's start, end and cancellation."""
-
-    def __init__(self) -> None:
-        self.events: list[envq.Event] = []
-        self.starts: list[tuple[Hashable, float]] = []
-        self.finished: list[tuple[Hashable, float]] = []
-        self.cancels: list[tuple[Hashable, float]] = []
-
-    def watch(self, q: envq.Queue) -> None:
-        q.subscribe(self.events.append)
-
-    def job(
-        self, seconds: float = 0.0, behaviour: Behaviour = "ok"
-    ) -> Callable[[envq.Envelope], Awaitable[None]]:
-        async def invoke(env: envq.Envelope) -> None:
-            self.starts.append((env.id, now()))
-            try:
-                await asyncio.sleep(seconds)
-            except asyncio.CancelledError:
-                self.cancels.append((env.id, now()))
-                raise
-            finally:
-                self.finished.append((env.id, now()))
-            if behaviour in ("fail", "retry"):
-                raise RuntimeError(f"{env.id} failed")
-            if behaviour == "stop":
-                raise envq.StopEnvelope
-            if behaviour == "no_retry":
-                raise envq.DoNotRetry
-
-        return invoke
-
-    def env(
-        self, id: Hashable, seconds: float = 0.0, behaviour: Behaviour = "ok", **fields: Any
-    ) -> envq.Envelope:
-        if behaviour == "retry":
-            fields["on_failure"] = retry_in_3
-        return envq.Envelope(invoke=self.job(seconds, behaviour), id=id, **fields)
-
-    def started(self, id: Hashable) -> list[float]:
-        return [t for i, t in self.starts if i == id]
-
-    def for_env(self, env: envq.Envelope) -> list[envq.Event]:
-        return [e for e in self.events if e.envelope is env]
-
-    def states(self, env: envq.Envelope) -> list[envq.EnvState | envq.QueueState]:
-        return [e.to_state for e in self.for_env(env)]
-
-    def last(self, env: envq.Envelope) -> envq.EnvState | envq.QueueState:
-        return self.states(env)[-1]
-
-    def queue_moves(self) -> list[tuple[object, object]]:
-        return [(e.from_state, e.to_state) for e in self.events if e.envelope is None]
-
-    def live(self, envs: list[envq.Envelope]) -> int:
-        return sum(1 for env in envs if self.for_env(env) and self.last(env) not in TERMINAL)
-
-
-def make_queue(trace: Trace, **fields: Any) -> envq.Queue:
-    q = envq.Queue("terminate", **fields)
-    trace.watch(q)
-    return q
 
 
 def assert_nothing_lost(
@@ -114,7 +44,7 @@ def assert_nothing_lost(
 
 
 class TestHandBack:
-    async def test_from_init_returns_buffered(self) -> None:
+    async def test_from_init_returns_buffered(self, make_queue: QueueMaker) -> None:
         """From INIT, terminate hands back the buffered envelopes in admission order."""
         trace = Trace()
         q = make_queue(trace)
@@ -125,7 +55,7 @@ class TestHandBack:
         assert q.capacity_used == 0
         assert trace.states(a) == [ES.BUFFERED, ES.RETURNED]
 
-    async def test_from_running_returns_everything_held(self) -> None:
+    async def test_from_running_returns_everything_held(self, make_queue: QueueMaker) -> None:
         """From RUNNING, terminate cancels in-flight attempts at once and hands back those
         and the ready, delayed and retry-delayed envelopes, in admission order."""
         trace = Trace()
@@ -157,7 +87,10 @@ class TestHandBack:
         ids=["drain", "stop", "stop-cancel"],
     )
     async def test_from_stopping_cancels_and_returns(
-        self, mode: envq.StopMode, cancel: bool
+        self,
+        mode: envq.StopMode,
+        cancel: bool,
+        make_queue: QueueMaker,
     ) -> None:
         """From STOPPING, terminate cancels what is in flight (escalating a DRAIN) and hands
         back the in-flight, ready and delayed envelopes."""
@@ -180,7 +113,7 @@ class TestHandBack:
         assert trace.started("r") == []
         assert trace.started("d") == []
 
-    async def test_from_stopping_releases_a_waiting_stop(self) -> None:
+    async def test_from_stopping_releases_a_waiting_stop(self, make_queue: QueueMaker) -> None:
         """A stop() waiting on a DRAIN when terminate escalates it returns, not hangs."""
         trace = Trace()
         q = make_queue(trace, workers=1)
@@ -197,7 +130,7 @@ class TestHandBack:
         assert isinstance(stopping.result(), envq.StopReport)
         assert now() == 1.0
 
-    async def test_from_stopped_returns_parked(self) -> None:
+    async def test_from_stopped_returns_parked(self, make_queue: QueueMaker) -> None:
         """From STOPPED, terminate hands back the parked envelopes; finished ones are not."""
         trace = Trace()
         q = make_queue(trace, workers=1)
@@ -212,7 +145,7 @@ class TestHandBack:
         assert trace.states(r)[-2:] == [ES.PARKED, ES.RETURNED]
         assert q.state is QS.TERMINATED
 
-    async def test_from_stopped_returns_cancelled_attempts(self) -> None:
+    async def test_from_stopped_returns_cancelled_attempts(self, make_queue: QueueMaker) -> None:
         """An attempt cancelled by a stop is parked and then handed back by terminate."""
         trace = Trace()
         q = make_queue(trace)
@@ -225,7 +158,7 @@ class TestHandBack:
         assert await q.terminate() == [f]
         assert trace.states(f)[-2:] == [ES.PARKED, ES.RETURNED]
 
-    async def test_from_terminated_returns_nothing(self) -> None:
+    async def test_from_terminated_returns_nothing(self, make_queue: QueueMaker) -> None:
         """A second terminate returns [] and changes nothing."""
         trace = Trace()
         q = make_queue(trace)
@@ -239,7 +172,7 @@ class TestHandBack:
         assert len(trace.events) == count
         assert q.state is QS.TERMINATED
 
-    async def test_handed_back_envelopes_can_go_elsewhere(self) -> None:
+    async def test_handed_back_envelopes_can_go_elsewhere(self, make_queue: QueueMaker) -> None:
         """Handed-back envelopes are no longer live: another queue accepts and runs them."""
         trace = Trace()
         q = make_queue(trace)
@@ -261,7 +194,9 @@ class TestHandBack:
 
 
 class TestTerminateRaces:
-    async def test_terminate_cancels_a_caller_spared_by_its_own_stop(self) -> None:
+    async def test_terminate_cancels_a_caller_spared_by_its_own_stop(
+        self, make_queue: QueueMaker
+    ) -> None:
         """An attempt spared by the stop it called is still cancelled and handed back by a
         terminate() from outside."""
         trace = Trace()
@@ -285,7 +220,7 @@ class TestTerminateRaces:
         assert trace.cancels == [("c", 2.0)]
         assert trace.last(c) is ES.RETURNED
 
-    async def test_concurrent_terminates_hand_back_once(self) -> None:
+    async def test_concurrent_terminates_hand_back_once(self, make_queue: QueueMaker) -> None:
         """Two terminate() calls at once hand back every envelope exactly once between them."""
         trace = Trace()
         q = make_queue(trace, workers=1)
@@ -299,7 +234,9 @@ class TestTerminateRaces:
         assert_nothing_lost(trace, [f, r, d], [*first, *second])
         assert q.state is QS.TERMINATED
 
-    async def test_wait_stopped_in_running_released_by_terminate(self) -> None:
+    async def test_wait_stopped_in_running_released_by_terminate(
+        self, make_queue: QueueMaker
+    ) -> None:
         """A wait_stopped() waiting in RUNNING returns when terminate() stops the queue."""
         trace = Trace()
         q = make_queue(trace)
@@ -312,7 +249,7 @@ class TestTerminateRaces:
         assert waiter.done()
         assert isinstance(waiter.result(), envq.StopReport)
 
-    async def test_wait_stopped_in_init_released_by_terminate(self) -> None:
+    async def test_wait_stopped_in_init_released_by_terminate(self, make_queue: QueueMaker) -> None:
         """A wait_stopped() waiting in INIT does not hang once the queue is terminated."""
         trace = Trace()
         q = make_queue(trace)
@@ -323,7 +260,7 @@ class TestTerminateRaces:
         assert waiter.done()
         assert isinstance(waiter.result(), envq.StopReport)
 
-    async def test_terminate_another_queue_from_inside_works(self) -> None:
+    async def test_terminate_another_queue_from_inside_works(self, make_queue: QueueMaker) -> None:
         """An attempt may terminate a different queue; only its own queue is off limits."""
         trace = Trace()
         q = make_queue(trace)
@@ -380,7 +317,10 @@ class TestQueueEvents:
         ],
     )
     async def test_terminate_queue_events(
-        self, state: envq.QueueState, tail: list[tuple[object, object]]
+        self,
+        state: envq.QueueState,
+        tail: list[tuple[object, object]],
+        make_queue: QueueMaker,
     ) -> None:
         """terminate() reaches TERMINATED through the states the lifecycle table names."""
         trace = Trace()
@@ -401,7 +341,7 @@ class TestQueueEvents:
 
 class TestNothingLost:
     @pytest.mark.parametrize("at", [0, 0.5, 1.5, 2.5, 4.5, 6.5, 11.5, 31.5, 60.5])
-    async def test_mixed_work_terminated_at(self, at: float) -> None:
+    async def test_mixed_work_terminated_at(self, at: float, make_queue: QueueMaker) -> None:
         """Terminated at any moment, every admitted envelope is handed back or has ended in
         exactly one terminal event."""
         trace = Trace()
@@ -430,7 +370,7 @@ class TestNothingLost:
         assert q.capacity_used == 0
         assert any(env.id == "periodic" for env in left)
 
-    async def test_nothing_lost_across_stop_and_restart(self) -> None:
+    async def test_nothing_lost_across_stop_and_restart(self, make_queue: QueueMaker) -> None:
         """Work parked by stops and re-armed by starts is still handed back or ended."""
         trace = Trace()
         q = make_queue(trace, workers=1)
@@ -477,7 +417,8 @@ _OPS = st.one_of(
 async def walk(ops: list[tuple[Any, ...]], workers: int) -> None:
     trace = Trace()
     admitted: list[envq.Envelope] = []
-    q = make_queue(trace, workers=workers)
+    q = envq.Queue("terminate", workers=workers)
+    trace.watch(q)
     for n, op in enumerate(ops):
         match op:
             case ("advance", seconds):
@@ -510,7 +451,7 @@ def test_random_lifecycle_walk_loses_nothing(ops: list[tuple[Any, ...]], workers
 
 
 class TestFromInside:
-    async def test_terminate_from_attempt_raises(self) -> None:
+    async def test_terminate_from_attempt_raises(self, make_queue: QueueMaker) -> None:
         """terminate() from an attempt raises RuntimeError and the queue keeps running."""
         trace = Trace()
         q = make_queue(trace)
@@ -531,7 +472,7 @@ class TestFromInside:
         assert trace.last(c) is ES.SUCCEEDED
         await q.stop()
 
-    async def test_terminate_from_spawned_task_raises(self) -> None:
+    async def test_terminate_from_spawned_task_raises(self, make_queue: QueueMaker) -> None:
         """terminate() from a task an attempt spawned raises RuntimeError."""
         trace = Trace()
         q = make_queue(trace)
@@ -555,7 +496,7 @@ class TestFromInside:
         assert trace.last(c) is ES.SUCCEEDED
         await q.stop()
 
-    async def test_terminate_from_after_hook_raises(self) -> None:
+    async def test_terminate_from_after_hook_raises(self, make_queue: QueueMaker) -> None:
         """terminate() from an after hook raises RuntimeError and the attempt stays OK."""
         trace = Trace()
         q = make_queue(trace)
@@ -576,7 +517,9 @@ class TestFromInside:
         assert trace.last(c) is ES.SUCCEEDED
         await q.stop()
 
-    async def test_terminate_while_stopping_from_attempt_raises(self) -> None:
+    async def test_terminate_while_stopping_from_attempt_raises(
+        self, make_queue: QueueMaker
+    ) -> None:
         """terminate() from an attempt during a stop raises RuntimeError; the stop ends."""
         trace = Trace()
         q = make_queue(trace)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import itertools
 import logging
 import random
 import threading
@@ -15,10 +14,7 @@ from typing import Any
 import pytest
 
 import envq
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
+from tests.support import gaps, now
 
 
 def wall_now() -> dt.datetime:
@@ -43,10 +39,6 @@ class Flaky:
         if len(self.times) <= self.fails:
             raise ValueError(f"failure {len(self.times)}")
         return self.value
-
-
-def gaps(times: list[float]) -> list[float]:
-    return [b - a for a, b in itertools.pairwise(times)]
 
 
 async def noop() -> None:
