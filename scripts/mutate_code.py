@@ -24,7 +24,7 @@ Mechanics: one copy of the repository per job (``--jobs``, default 2), reused fr
 mutant to mutant: the mutant's file is rewritten in the copy, the tests run, the file
 is put back. Each rewrite gives the file a new modification time, so no cached
 bytecode of an earlier version is ever used. The tests run in two stages as in
-``mutate.py`` (``tests/queue/test_table_rows.py``, then the other behavioural files), and a
+``mutate.py`` (the row tests, then the other behavioural files), and a
 kill by the second stage is confirmed (the killing test alone, or its file, fails again
 with the mutant, and passes with the original source put back).
 

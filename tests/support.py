@@ -138,6 +138,9 @@ class Recorder:
     """Collects a queue's events (with the loop time each was delivered at) and lets a
     test await a condition on them."""
 
+    #: How long (virtual seconds) :meth:`until` waits before it fails.
+    patience = PATIENCE
+
     def __init__(self, queue: envq.Queue) -> None:
         self.events: list[envq.Event] = []
         self.delivered_at: list[float] = []
@@ -186,7 +189,7 @@ class Recorder:
         entry = (cond, asyncio.get_running_loop().create_future())
         self._waiters.append(entry)
         try:
-            async with asyncio.timeout(PATIENCE):
+            async with asyncio.timeout(self.patience):
                 await entry[1]
         finally:
             self._waiters.remove(entry)
