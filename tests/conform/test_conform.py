@@ -381,6 +381,27 @@ class TestDriverErrors:
         assert main(["--examples", "1", "--", sys.executable, str(script)]) == 2
 
 
+class TestReplayedScripts:
+    def test_a_loan_to_the_second_queue_replays(self) -> None:
+        """A saved script that lends an envelope to the second queue, then reclaims it,
+        replays against the reference driver: the model tracks the loan and its end."""
+        harness = Harness(_in_process(), hello={"time_scale": 0.05})
+        try:
+            replay(
+                harness,
+                [
+                    {"cmd": "hello", "protocol": 1, "time_scale": 0.05},
+                    {"cmd": "define", "env": "e1", "spec": {}},
+                    {"cmd": "lend", "env": "e1"},
+                ],
+            )
+            assert harness.oracle.lent == ["e1"]
+            replay(harness, [{"cmd": "reclaim"}])
+            assert harness.oracle.lent == []
+        finally:
+            harness.close()
+
+
 def _replay(driver: InProcessDriver, commands: list[dict[str, Any]]) -> None:
     harness = Harness(driver, hello={"time_scale": 0.05})
     try:
