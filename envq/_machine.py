@@ -670,7 +670,7 @@ def target(state: EnvState, event: EnvEvent | Outcome, situation: Situation) -> 
     the event does not move it.
 
     This is what the tables above mean together (the runtime performs the same rows,
-    with hooks and delays); ``tests/test_models.py`` proves the models in
+    with hooks and delays); ``tests/model/test_models.py`` proves the models in
     :mod:`envq.model` agree with it for every (state, event, situation).
     """
     if isinstance(event, Outcome):

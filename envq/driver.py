@@ -9,7 +9,7 @@ ones).
 
 :class:`Session` is the driver without the transport, so the harness and envq's own
 tests can run it in-process; its ``on_*`` methods are the places a deliberately
-faulty variant overrides (``tests/faulty_drivers.py``).
+faulty variant overrides (``tests/conform/faulty_drivers.py``).
 """
 
 from __future__ import annotations

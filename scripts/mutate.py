@@ -21,14 +21,14 @@ tree is never touched) and each mutant is ``pytest -x`` subprocesses in that cop
 this file loaded as a plugin (``-p mutate``): at import time it reads the mutation from
 the ``ENVQ_MUTANT`` environment variable (JSON) and patches the table in
 ``envq._machine`` and every alias of it in the other envq modules (``envq._queue`` does
-``from envq._machine import ...``). A mutant runs ``tests/test_table_rows.py`` first
-and the other behavioural files only if it survives them; a kill by one of those others
-(some are timing-sensitive) counts only if the killing test alone (or, when it passes
-alone, its file) fails again with the mutant and passes without it. Two mutants run at
-a time (``--jobs``). The accepted equivalents are not run (``--run-equivalents`` runs
-them too, ``--equivalents`` only them, to check the list is not stale). The copying,
-the staged runs and the parallel driver are shared with ``scripts/mutate_code.py``
-(realistic bugs in the engine's code).
+``from envq._machine import ...``). A mutant runs the row tests
+(``tests/queue/test_*_rows.py``) first and the other behavioural files only if it
+survives them; a kill by one of those others (some are timing-sensitive) counts only if
+the killing test alone (or, when it passes alone, its file) fails again with the mutant
+and passes without it. Two mutants run at a time (``--jobs``). The accepted equivalents
+are not run (``--run-equivalents`` runs them too, ``--equivalents`` only them, to check
+the list is not stale). The copying, the staged runs and the parallel driver are shared
+with ``scripts/mutate_code.py`` (realistic bugs in the engine's code).
 
 Usage::
 
@@ -95,8 +95,10 @@ EXCLUDED: Final[Mapping[str, str]] = {
     " about behaviour (and kills every code mutant trivially)",
 }
 #: Run first (with ``-x`` the first failure ends the run, so likely killers go first).
+#: The row tests, the first stage of a mutant's run (fast: no threads, virtual time).
+ROWS: Final = ("test_table_rows.py", "test_lifecycle_rows.py")
 FIRST: Final = (
-    "test_table_rows.py",
+    *ROWS,
     "test_lifecycle.py",
     "test_outcomes.py",
     "test_stop.py",
@@ -607,7 +609,7 @@ class Result(Generic[M]):
 class Runner:
     """Runs pytest subprocesses in a temporary copy of the repository.
 
-    A mutant runs in stages: first the row tests (``tests/test_table_rows.py``: no
+    A mutant runs in stages: first the row tests (:data:`ROWS`, in ``tests/queue/``: no
     threads, virtual time only, fast to collect), then, only if it survived them, every
     other behavioural test file. A kill by the second stage, whose tests include some
     timing-sensitive ones (threads, real time), is confirmed: the killing test alone
@@ -618,8 +620,10 @@ class Runner:
     def __init__(self, copy: Path, idle: float, files: Sequence[str]) -> None:
         self.copy = copy
         self.files = list(files)
-        first = self.files[:1] == [f"tests/{FIRST[0]}"]
-        self.stages = [self.files[:1], self.files[1:]] if first else [self.files]
+        rows = 0
+        while rows < len(self.files) and Path(self.files[rows]).name in ROWS:
+            rows += 1
+        self.stages = [self.files[:rows], self.files[rows:]] if rows else [self.files]
         self.timeouts = [300.0 for _ in self.stages]
         env = dict(os.environ)
         # Cache the assertion-rewritten test modules (in the copy): collection then
@@ -738,9 +742,12 @@ def behavioural_files(
 ) -> list[str]:
     """The behavioural test files, likely killers first."""
     left_out = ({*EXCLUDED} | set(exclude)) - set(include)
-    names = sorted(p.name for p in (root / "tests").glob("test_*.py") if p.name not in left_out)
+    # Test files live in subdirectories of tests/ and are named by file name alone
+    # (names are unique across the suite).
+    paths = {p.name: p.relative_to(root).as_posix() for p in (root / "tests").rglob("test_*.py")}
+    names = sorted(n for n in paths if n not in left_out)
     ordered = [n for n in FIRST if n in names] + [n for n in names if n not in FIRST]
-    return [f"tests/{n}" for n in ordered]
+    return [paths[n] for n in ordered]
 
 
 def copy_repo() -> Path:

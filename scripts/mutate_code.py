@@ -13,18 +13,18 @@ This complements ``scripts/mutate.py``, which mutates the runtime tables' rows; 
 copying, the staged and confirmed pytest runs, the parallel driver and the excluded
 test files (:data:`mutate.EXCLUDED`: the table comparisons, which read only
 ``envq/_machine.py``, which no mutant here touches; the fresh-interpreter and slow
-files; and ``tests/test_mutate_code.py``, which would kill every mutant trivially) are
+files; and ``tests/tools/test_mutate_code.py``, which would kill every mutant trivially) are
 ``mutate.py``'s own, imported from it.
 
 A snippet must occur exactly once in its file: a refactor of the engine that changes
 one makes the list stale, and the run stops before running anything, naming the
-mutant (``tests/test_mutate_code.py`` checks the same in CI).
+mutant (``tests/tools/test_mutate_code.py`` checks the same in CI).
 
 Mechanics: one copy of the repository per job (``--jobs``, default 2), reused from
 mutant to mutant: the mutant's file is rewritten in the copy, the tests run, the file
 is put back. Each rewrite gives the file a new modification time, so no cached
 bytecode of an earlier version is ever used. The tests run in two stages as in
-``mutate.py`` (``tests/test_table_rows.py``, then the other behavioural files), and a
+``mutate.py`` (the row tests, then the other behavioural files), and a
 kill by the second stage is confirmed (the killing test alone, or its file, fails again
 with the mutant, and passes with the original source put back).
 

@@ -9,13 +9,22 @@
   which CI runs with a fixed ``--hypothesis-seed`` so that the deep profile cannot
   start failing unnoticed.
 - envq's jitter RNG is registered with Hypothesis so failures replay and shrink.
+- Queue fixtures: ``make_queue`` makes queues (watched by any ``Trace`` or other
+  watcher given) and terminates, at the end of the test, every one it made;
+  ``queue`` is one such queue, not started.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import logging
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
 
 import hypothesis
 import pytest
@@ -23,6 +32,12 @@ from hypothesis import HealthCheck, settings
 
 import envq._machine
 import envq._values
+from envq.testing import run
+from tests.support import QueueMaker
+
+# ``tests/strategies.py`` is imported as ``strategies`` by ``tests/test_stateful.py``.
+# Appended, not prepended: ``tests/queue/`` must not hide the standard library's ``queue``.
+sys.path.append(str(Path(__file__).resolve().parent))
 
 envq._machine.STRICT = os.environ.get("ENVQ_STRICT", "1") != "0"
 hypothesis.register_random(envq._values.default_rng)
@@ -43,3 +58,52 @@ def _engine_log_left_enabled() -> Iterator[None]:
     the engine logs would otherwise pass or fail by the order they run in."""
     yield
     assert not logging.getLogger("envq").disabled, "the envq logger was left disabled"
+
+
+@pytest.fixture
+def make_queue() -> QueueMaker:
+    """A factory of queues, each terminated when the test ends (an async test only)."""
+    return QueueMaker()
+
+
+@pytest.fixture
+def queue(make_queue: QueueMaker) -> envq.Queue:
+    """A queue named ``test``, not started, terminated when the test ends."""
+    return make_queue()
+
+
+def _closing(test: Callable[..., Any], maker: QueueMaker, real: bool) -> Callable[..., None]:
+    """``test`` (an async test as written) run on its loop, then the queues ``maker``
+    made terminated on that same loop, before it closes."""
+
+    @functools.wraps(test)
+    def body(*args: Any, **kwargs: Any) -> None:
+        async def then_close() -> None:
+            try:
+                await test(*args, **kwargs)
+            finally:
+                await maker.aclose()
+
+        if real:
+            asyncio.run(then_close())
+        else:
+            run(then_close())
+
+    return body
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+    """An async test given ``make_queue`` (or ``queue``) runs with its queues terminated
+    at its end, still on its own loop: a fixture's teardown runs after that loop closed."""
+    maker = pyfuncitem.funcargs.get("make_queue")
+    test = inspect.unwrap(pyfuncitem.obj)  # the async test under the envq plugin's runner
+    if not isinstance(maker, QueueMaker) or not inspect.iscoroutinefunction(test):
+        return (yield)
+    taken = pyfuncitem.obj
+    real = pyfuncitem.get_closest_marker("real_clock") is not None
+    pyfuncitem.obj = _closing(test, maker, real)
+    try:
+        return (yield)
+    finally:
+        pyfuncitem.obj = taken

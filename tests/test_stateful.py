@@ -39,7 +39,6 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import attrs
 import pytest
-from faulty_drivers import DoubleCount, PeriodicAfterStop
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
@@ -94,6 +93,7 @@ from envq.conform.oracle import (
 from envq.conform.oracle import Violation as OracleViolation
 from envq.conform.protocol import ERRORS, SLOW_SECONDS
 from envq.driver import Session
+from tests.conform.faulty_drivers import DoubleCount, PeriodicAfterStop
 
 T = TypeVar("T")
 P = ParamSpec("P")

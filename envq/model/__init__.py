@@ -9,7 +9,7 @@ auditors.
   table.
 
 Both are python-statemachine ``StateMachine`` classes written from the contract.
-``tests/test_models.py`` proves them equal to the runtime tables in
+``tests/model/test_models.py`` proves them equal to the runtime tables in
 ``envq._machine``. The verification tools live here too, each run by a subcommand of
 ``python -m envq``:
 

@@ -3,7 +3,7 @@
 One instance is one envelope's stay in one queue. ``NEW`` is the pseudo-state "not in
 the queue yet"; SUCCEEDED, FAILED, STOPPED and RETURNED are final. The model is
 written from the contract, not generated from ``envq._machine``;
-``tests/test_models.py`` proves it equal to ``ENVELOPE_MOVES`` (every state × event)
+``tests/model/test_models.py`` proves it equal to ``ENVELOPE_MOVES`` (every state × event)
 and to the outcome table ``OUTCOMES`` (every kind × outcome).
 
 Events:

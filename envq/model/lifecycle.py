@@ -1,7 +1,7 @@
 """The queue lifecycle as a python-statemachine model.
 
 This is the auditor's copy of the lifecycle table, written from the contract, not
-generated from ``envq._machine``. ``tests/test_models.py`` proves it equal to the
+generated from ``envq._machine``. ``tests/model/test_models.py`` proves it equal to the
 runtime table ``envq._machine.LIFECYCLE`` over every (state, call) pair.
 
 Reading rules:

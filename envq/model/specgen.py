@@ -86,7 +86,7 @@ def lifecycle_spec() -> dict[str, Any]:
     """The lifecycle table as JSON-able data, one entry per (state, call)."""
     return {
         "source": "envq._machine.LIFECYCLE and ILLEGAL_LIFECYCLE "
-        "(equal to models.lifecycle.LifecycleModel, tests/test_models.py)",
+        "(equal to models.lifecycle.LifecycleModel, tests/model/test_models.py)",
         "states": names(m.QueueState),
         "initial": m.QueueState.INIT.name,
         "calls": names(m.QueueCall),
@@ -125,7 +125,7 @@ def envelope_spec() -> dict[str, Any]:
     return {
         "source": "envq._machine (QUEUE_MOVES, OUTCOMES, DECISION_TARGET, SHELVE_TARGET, "
         "PARK_INSTEAD, LIMITED, TAKES_BACK, KIND_OF; ENVELOPE_MOVES derived); model: "
-        "models.envelope.EnvelopeModel (equal, tests/test_models.py)",
+        "models.envelope.EnvelopeModel (equal, tests/model/test_models.py)",
         "states": {
             "pseudo": [m.EnvState.NEW.name],
             "live": names(m.LIVE_STATES),

@@ -1,0 +1,1 @@
+"""envq's test suite, laid out like the code it tests."""
