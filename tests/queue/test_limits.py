@@ -437,7 +437,7 @@ class TestQueueLimiter:
                 await asyncio.sleep(10)  # past the deadline: TIMEOUT
 
         env = envq.Envelope(invoke=slow_then_quick, deadline=1, on_failure=retry_now_hook)
-        async with running(limiter=envq.ExponentialBackoff(2, 100)) as q:
+        async with running(limiter=envq.ExponentialBackoff(2, 100)) as (q, _):
             q.send(env)
             await q.run_until_empty()
         assert starts == [0, 3, 8, 17]
@@ -472,7 +472,7 @@ class TestQueueLimiter:
                 await asyncio.sleep(10)  # past the deadline: TIMEOUT
 
         env = envq.Envelope(invoke=slow_then_quick, interval=5, deadline=1)
-        async with running(limiter=envq.ExponentialBackoff(2, 100)) as q:
+        async with running(limiter=envq.ExponentialBackoff(2, 100)) as (q, _):
             q.send(env)
             await asyncio.sleep(27)
         assert starts[:5] == [0, 6, 12, 21, 26]
