@@ -157,7 +157,14 @@ class Mover:
             # became READY, or (coming from DELAYED) the time it was due, kept in due.
             if rec.kind is _PERIODIC and event is not _DUE:
                 rec.due = rec.origin = self._clock()
-            store.hold_ready(env)
+            # The store's READY hold, inline (the hot path): queue it, wake one worker.
+            store.ready.append(env)
+            idle = store.idle
+            while idle:
+                fut = idle.popleft()
+                if not fut.done():
+                    fut.set_result(True)
+                    break
         elif to is _DELAYED:
             if self.observed:
                 self.observe(env, frm, event, to, cause)
@@ -167,7 +174,12 @@ class Mover:
         elif to in self._terminal:
             # The envelope leaves the queue before its end is reported: a listener may
             # send it again (here or elsewhere), and statistics() agrees with the event.
-            store.release(env, rec)
+            # The store's release, inline (the hot path): it leaves the live set and
+            # the delay heap.
+            del store.live[env]
+            rec.owner = None
+            if rec.tick:
+                store.delays.drop(rec)
             self._counts.terminal[to] += 1
             if to is _RETURNED:
                 store.hand_back(env, rec)
