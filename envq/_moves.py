@@ -73,6 +73,11 @@ class Mover:
     ) -> None:
         self.name = config.name
         self._store = store
+        # The store's containers, read once (the hot path reads them per envelope).
+        self._ready = store.ready
+        self._idle = store.idle
+        self._live = store.live
+        self._delays = store.delays
         self._listeners = listeners
         self._counts = counts
         self._now = now
@@ -158,8 +163,8 @@ class Mover:
             if rec.kind is _PERIODIC and event is not _DUE:
                 rec.due = rec.origin = self._clock()
             # The store's READY hold, inline (the hot path): queue it, wake one worker.
-            store.ready.append(env)
-            idle = store.idle
+            self._ready.append(env)
+            idle = self._idle
             while idle:
                 fut = idle.popleft()
                 if not fut.done():
@@ -176,10 +181,10 @@ class Mover:
             # send it again (here or elsewhere), and statistics() agrees with the event.
             # The store's release, inline (the hot path): it leaves the live set and
             # the delay heap.
-            del store.live[env]
+            del self._live[env]
             rec.owner = None
             if rec.tick:
-                store.delays.drop(rec)
+                self._delays.drop(rec)
             self._counts.terminal[to] += 1
             if to is _RETURNED:
                 store.hand_back(env, rec)
@@ -197,7 +202,7 @@ class Mover:
                 ):
                     unhandled_failure(self.name, env, cause)
             lifecycle = self._lifecycle
-            if lifecycle is not None and lifecycle.empty_waiters and not store.live:
+            if lifecycle is not None and lifecycle.empty_waiters and not self._live:
                 lifecycle.wake_empty()
             admission = self._admission
             if admission is not None and admission.waiters:

@@ -253,7 +253,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-empty-wakes-early",
         "_moves.py",
-        "            if lifecycle is not None and lifecycle.empty_waiters and not store.live:\n",
+        "            if lifecycle is not None and lifecycle.empty_waiters and not self._live:\n",
         "            if lifecycle is not None and lifecycle.empty_waiters:\n",
         "run_until_empty() returns when the first envelope ends",
     ),
