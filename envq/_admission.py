@@ -15,9 +15,9 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, Protocol, cast
+from typing import Any, NoReturn, cast
 
-from envq._envelope import Envelope, _Rec
+from envq._envelope import Enter, Envelope, _Rec
 from envq._errors import (
     BadEnvelope,
     BadEnvelopeType,
@@ -31,10 +31,8 @@ from envq._machine import (
     QUEUE_MOVES,
     Arrival,
     EnvEvent,
-    EnvState,
     LifeAction,
     LifeRow,
-    Outcome,
 )
 from envq._stats import Counters
 from envq._values import Rejection
@@ -42,17 +40,6 @@ from envq._values import Rejection
 __all__ = ["Admission", "Waiter", "calendar_delay", "first_delay", "wall_offset"]
 
 _EV_SEND = EnvEvent.SEND
-
-
-class _Enter(Protocol):
-    def __call__(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        delay: float = 0.0,
-    ) -> None: ...
 
 
 class Waiter:
@@ -86,7 +73,7 @@ class Admission:
         live: dict[Envelope, _Rec],
         blacklist: set[str],
         counts: Counters,
-        enter: _Enter,
+        enter: Enter,
         first_delay: Callable[[Envelope], float],
         send_row: Callable[[], LifeRow],
         refuse_state: Callable[[LifeRow, Sequence[Envelope]], object],

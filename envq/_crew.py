@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from envq._attempt import Runner, Worker
-from envq._envelope import Envelope, _Rec
+from envq._envelope import Enter, Envelope, _Rec
 from envq._limits import RateLimiter, ask_limiter
 from envq._machine import (
     DISPATCHING,
@@ -80,16 +80,8 @@ class Host(Protocol):
         cause: BaseException | None,
     ) -> None: ...
 
-    def enter(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        delay: float = 0.0,
-        cause: BaseException | None = None,
-        at: float | None = None,
-    ) -> None: ...
+    @property
+    def enter(self) -> Enter: ...
 
 
 class Life(Protocol):

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import Any, TypeAlias, cast
+from typing import Any, Protocol, TypeAlias, cast
 
 import attrs
 
 from envq import _checks
 from envq._checks import is_async_callable
 from envq._errors import BadEnvelope, BadEnvelopeType, BadIntervals
-from envq._machine import INITIAL, KIND_OF, EnvState, Kind
+from envq._machine import INITIAL, KIND_OF, EnvEvent, EnvState, Kind, Outcome
 from envq._schedule import MIN_INTERVAL, Timing
 from envq._values import Decision, Retry, Schedule
 
 __all__ = [
     "AfterHook",
     "BeforeHook",
+    "Enter",
     "Envelope",
     "FailureHook",
     "Invoke",
@@ -159,6 +160,22 @@ def _check_not_before(inst: object, attr: attrs.Attribute[Any], value: object) -
         _checks.aware_datetime(
             "Envelope: not_before", value, type_error=BadEnvelopeType, value_error=BadEnvelope
         )
+
+
+class Enter(Protocol):
+    """The queue's entry routine (``envq._moves.Mover.enter``): move ``env`` into ``to``
+    and have the store hold it there."""
+
+    def __call__(
+        self,
+        env: Envelope,
+        rec: _Rec,
+        event: EnvEvent | Outcome,
+        to: EnvState,
+        delay: float = 0.0,
+        cause: BaseException | None = None,
+        at: float | None = None,
+    ) -> None: ...
 
 
 @attrs.define(eq=False, kw_only=True, repr=False, on_setattr=attrs.setters.frozen)

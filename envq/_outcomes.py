@@ -15,12 +15,12 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol, TypeAlias, assert_never
+from typing import Final, TypeAlias, assert_never
 
 from envq import _machine
 from envq._admission import wall_offset
 from envq._attempt import Runner, Worker
-from envq._envelope import Envelope, _Rec
+from envq._envelope import Enter, Envelope, _Rec
 from envq._errors import MaxRetriesExceeded
 from envq._limits import RateLimiter, ask_limiter, forget_limiter
 from envq._listeners import Listeners
@@ -41,7 +41,7 @@ from envq._machine import (
 )
 from envq._values import Schedule
 
-__all__ = ["Enter", "Perform", "Settler"]
+__all__ = ["Perform", "Settler"]
 
 log = logging.getLogger("envq")
 
@@ -56,21 +56,6 @@ _Cause: TypeAlias = BaseException | None
 #: A row of the outcome table resolved for one queue: ``(worker, env, rec, outcome,
 #: cause)`` → the coroutine still to await (a hook), or None when the row is done.
 Perform: TypeAlias = Callable[[Worker, Envelope, _Rec, Outcome, _Cause], Awaitable[None] | None]
-
-
-class Enter(Protocol):
-    """The queue's entry routine: move ``env`` into ``to`` and do that state's work."""
-
-    def __call__(
-        self,
-        env: Envelope,
-        rec: _Rec,
-        event: EnvEvent | Outcome,
-        to: EnvState,
-        delay: float = 0.0,
-        cause: BaseException | None = None,
-        at: float | None = None,
-    ) -> None: ...
 
 
 # A module constant: on Python 3.11 every ``Schedule.X`` read is slow (~60 ns).
