@@ -199,6 +199,10 @@ class Outcome(_Enum):
     STOP_TYPE = "stop_type"
     NO_RETRY = "no_retry"
     CANCELLED = "cancelled"
+    #: The attempt's lease expired before it ended (a store shared by several
+    #: processes): the node running it died, stalled or lost the store. Never the end
+    #: of an attempt in one process, where nothing holds a lease.
+    EXPIRED = "expired"
 
 
 class Kind(_Enum):
@@ -441,6 +445,7 @@ OUTCOMES: Final[Mapping[tuple[Kind, Outcome], OutcomeRow]] = {
             _O.OK: OutcomeRow(_A.SUCCEED, _E.SUCCEEDED),
             _O.ERROR: OutcomeRow(_A.DECIDE, _E.FAILED, _PUT_BACK, limited=True),
             _O.TIMEOUT: OutcomeRow(_A.DECIDE, _E.FAILED, _PUT_BACK, limited=True),
+            _O.EXPIRED: OutcomeRow(_A.DECIDE, _E.FAILED, _PUT_BACK, limited=True),
             **_COMMON,
         },
     ),
@@ -455,6 +460,12 @@ OUTCOMES: Final[Mapping[tuple[Kind, Outcome], OutcomeRow]] = {
                 limited=True,
             ),
             _O.TIMEOUT: OutcomeRow(
+                _A.DECIDE_PERIODIC,
+                _E.DELAYED,
+                frozenset({_E.READY, _E.PARKED, _E.FAILED}),
+                limited=True,
+            ),
+            _O.EXPIRED: OutcomeRow(
                 _A.DECIDE_PERIODIC,
                 _E.DELAYED,
                 frozenset({_E.READY, _E.PARKED, _E.FAILED}),

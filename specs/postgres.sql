@@ -40,7 +40,8 @@ CREATE TYPE envq.envelope_event AS ENUM (
     'attempt_stop',
     'attempt_stop_type',
     'attempt_no_retry',
-    'attempt_cancelled'
+    'attempt_cancelled',
+    'attempt_expired'
 );
 COMMENT ON TYPE envq.envelope_event IS 'EnvEvent values, then each Outcome as attempt_<outcome>.';
 
@@ -220,6 +221,38 @@ SELECT CASE
                 WHEN cause IS NULL THEN NULL
                 WHEN cause = 'stop' THEN 'parked'::envq.envelope_state
                 WHEN cause = 'terminate' THEN 'returned'::envq.envelope_state
+            END
+            WHEN kind = 'blacklisted' THEN 'stopped'::envq.envelope_state
+        END
+    WHEN state = 'running' AND event = 'attempt_expired'
+    THEN CASE
+            WHEN kind = 'one_off' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN CASE
+                    WHEN decision IS NULL OR decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision IN ('retry_now', 'retry_after') THEN 'parked'::envq.envelope_state
+                END
+                WHEN queue = 'running' THEN CASE
+                    WHEN decision IS NULL OR decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision = 'retry_now' THEN CASE
+                        WHEN NOT limited THEN 'ready'::envq.envelope_state
+                        WHEN limited THEN 'delayed'::envq.envelope_state
+                    END
+                    WHEN decision = 'retry_after' THEN 'delayed'::envq.envelope_state
+                END
+            END
+            WHEN kind = 'periodic' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN CASE
+                    WHEN decision IS NULL OR decision IN ('retry_now', 'retry_after') THEN 'parked'::envq.envelope_state
+                    WHEN decision = 'drop' THEN 'failed'::envq.envelope_state
+                END
+                WHEN queue = 'running' THEN CASE
+                    WHEN decision IS NULL OR decision = 'retry_after' THEN 'delayed'::envq.envelope_state
+                    WHEN decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision = 'retry_now' THEN CASE
+                        WHEN NOT limited THEN 'ready'::envq.envelope_state
+                        WHEN limited THEN 'delayed'::envq.envelope_state
+                    END
+                END
             END
             WHEN kind = 'blacklisted' THEN 'stopped'::envq.envelope_state
         END
