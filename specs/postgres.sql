@@ -315,6 +315,8 @@ CREATE TABLE envq.queues (
     state envq.queue_state NOT NULL DEFAULT 'init',
     -- The mode of the stop under way, or of the last one.
     stop_mode envq.stop_mode,
+    -- The envelope types blacklisted in this queue (StopType).
+    blacklist text[] NOT NULL DEFAULT '{}',
     -- The call a state-changing statement performs; cleared by the trigger.
     call envq.queue_call,
     created_at timestamptz NOT NULL DEFAULT now(),
@@ -337,6 +339,16 @@ CREATE TABLE envq.envelopes (
     schedule envq.schedule NOT NULL DEFAULT 'fixed_delay',
     deadline_s double precision NOT NULL DEFAULT 0 CHECK (deadline_s >= 0),
     attempt integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    -- Failed runs in a row of a periodic envelope (a success resets it).
+    failures integer NOT NULL DEFAULT 0 CHECK (failures >= 0),
+    -- The stable names of the hooks (NULL: none) and the retry policy.
+    before_hook text,
+    after_hook text,
+    on_success text,
+    on_failure text,
+    retry jsonb,
+    -- When a periodic envelope was first armed (the FIXED_RATE grid's origin).
+    origin_at timestamptz,
     -- When a DELAYED envelope is due.
     due_at timestamptz,
     -- The lease of the attempt in flight (a later step claims and fences with them).
@@ -553,7 +565,8 @@ CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
                             decision envq.decision_kind DEFAULT NULL,
                             cause envq.cancel_cause DEFAULT NULL,
                             limited boolean DEFAULT false,
-                            due_at timestamptz DEFAULT NULL)
+                            due_at timestamptz DEFAULT NULL,
+                            failures integer DEFAULT NULL)
 RETURNS envq.envelope_state
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -565,6 +578,7 @@ BEGIN
                                         coalesce(finish.limited, false)),
            event = outcome, decision = finish.decision, cause = finish.cause,
            limited = coalesce(finish.limited, false), due_at = finish.due_at,
+           failures = coalesce(finish.failures, e.failures),
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM envq.queues AS q
      WHERE e.seq = finish.seq AND q.name = e.queue AND e.state = 'running'
@@ -576,3 +590,65 @@ $$;
 COMMENT ON FUNCTION envq.finish IS
     'Ends an attempt with its outcome, moving the envelope where the tables lead, only '
     'while the attempt''s token holds; NULL when it does not (nothing changed).';
+
+CREATE FUNCTION envq.expire(seq bigint, token uuid,
+                            decision envq.decision_kind DEFAULT NULL,
+                            due_at timestamptz DEFAULT NULL,
+                            failures integer DEFAULT NULL)
+RETURNS envq.envelope_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    ended envq.envelope_state;
+BEGIN
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', 'attempt_expired', e.kind, q.state, false,
+                                        expire.decision, NULL, q.stop_mode, false),
+           event = 'attempt_expired', decision = expire.decision, due_at = expire.due_at,
+           failures = coalesce(expire.failures, e.failures),
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM envq.queues AS q
+     WHERE e.seq = expire.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = expire.token AND e.lease_expires_at <= clock_timestamp()
+    RETURNING e.state INTO ended;
+    RETURN ended;
+END
+$$;
+COMMENT ON FUNCTION envq.expire IS
+    'Ends an attempt whose lease expired (the reaper''s move), where the tables lead, '
+    'only while that lease is still the attempt''s; NULL when it is not.';
+
+CREATE FUNCTION envq.due(queue_name text) RETURNS integer
+LANGUAGE sql AS $$
+    WITH moved AS (
+        UPDATE envq.envelopes AS e SET state = 'ready', event = 'due'
+         WHERE e.seq IN (SELECT d.seq FROM envq.envelopes AS d
+                          WHERE d.queue = queue_name AND d.state = 'delayed'
+                            AND d.due_at <= clock_timestamp()
+                            FOR UPDATE SKIP LOCKED)
+        RETURNING 1)
+    SELECT count(*)::integer FROM moved
+$$;
+COMMENT ON FUNCTION envq.due IS
+    'Moves the DELAYED envelopes of a queue whose time has come to READY.';
+
+CREATE FUNCTION envq.broadcast(queue_name text, what envq.envelope_event)
+RETURNS integer
+LANGUAGE sql AS $$
+    WITH moved AS (
+        UPDATE envq.envelopes AS e
+           SET state = envq.envelope_target(e.state, what, e.kind, q.state,
+                                            coalesce(e.due_at > clock_timestamp(), false),
+                                            NULL, NULL, q.stop_mode, false),
+               event = what
+          FROM envq.queues AS q
+         WHERE q.name = queue_name AND e.queue = queue_name
+           AND e.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')
+           AND envq.envelope_target(e.state, what, e.kind, q.state,
+                                    coalesce(e.due_at > clock_timestamp(), false),
+                                    NULL, NULL, q.stop_mode, false) IS NOT NULL
+        RETURNING 1)
+    SELECT count(*)::integer FROM moved
+$$;
+COMMENT ON FUNCTION envq.broadcast IS
+    'A queue-side event (start, stop, terminate) applied to every live envelope of a '
+    'queue it moves, each where the tables lead (RUNNING ones are left to their attempts).';

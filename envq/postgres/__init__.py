@@ -1,9 +1,13 @@
-"""envq on PostgreSQL: the first step, the database side of envq's tables.
+"""envq on PostgreSQL: a queue whose state lives in the database, shared by processes.
 
-What exists now is :mod:`envq.postgres.schema`: the SQL that creates envq's tables
-in a PostgreSQL database, with the envelope and queue states as enums and triggers,
-generated from ``envq._machine``, that refuse any change of state the tables do not
-allow, and SQL functions that start and end attempts under leases with fencing
-tokens. The queue itself (workers, ``send``, reaping expired leases) is not built
-yet; see ``docs/postgres.md``.
+:class:`PgQueue` has envq's lifecycle and outcome tables, enforced by the database
+(:mod:`envq.postgres.schema` generates the SQL from them): any number of processes on
+any number of machines run workers for the same named queue, each attempt under a
+lease with a fencing token, and an attempt whose node died is reaped by another node
+and decided by the envelope's own retry policy. See ``docs/postgres.md``.
 """
+
+from envq.postgres._codec import callable_name
+from envq.postgres._queue import CHANNEL, PgQueue, StoreUnavailable
+
+__all__ = ["CHANNEL", "PgQueue", "StoreUnavailable", "callable_name"]

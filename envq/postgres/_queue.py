@@ -1,0 +1,928 @@
+"""A queue whose state lives in PostgreSQL, shared by any number of processes.
+
+Theory of operation
+-------------------
+The rows are the queue: ``envq.queues`` holds the lifecycle of each named queue,
+``envq.envelopes`` one row per envelope per stay. Every change of state is a move of
+envq's tables, performed by a statement that names its event; the database's trigger
+(generated from the tables, :mod:`envq.postgres.schema`) refuses any other. This
+module decides what only a process can decide — the outcome of an attempt it ran,
+the failure decision (``on_failure``, the retry policy), the next run of a periodic
+envelope — and leaves the target of every move to the tables compiled into SQL.
+
+A process that calls :meth:`PgQueue.start` is a *node*: it runs up to ``workers``
+attempts at once. Its pump claims READY envelopes (``envq.claim``: ``FOR UPDATE SKIP
+LOCKED``, a lease with a fencing token each) and starts their attempts with envq's
+attempt runner; an attempt ends through ``envq.finish``, which commits only while the
+token holds. A keeper renews all the node's leases in one statement, moves due
+DELAYED envelopes to READY, reaps attempts whose lease expired on any node (the
+``EXPIRED`` outcome, decided by the envelope's own policy like a timeout), follows
+the lifecycle row (a stop or terminate made by any node) and finishes a stop once
+nothing is left to drain. LISTEN/NOTIFY wakes the pump when envelopes arrive; polling
+is the fallback, so a pooler that breaks LISTEN costs latency, not correctness.
+
+Every node reads the lifecycle from the one row, so ``stop()`` on any node stops the
+queue everywhere, and ``terminate()`` hands back every envelope, re-created from its
+row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, assert_never, cast
+
+from envq import _checks
+from envq._attempt import Runner, Threads, Worker
+from envq._envelope import Envelope
+from envq._errors import CapacityExceeded, MaxRetriesExceeded, QueueNotRunning, TypeBlacklisted
+from envq._machine import (
+    INITIAL,
+    LIFECYCLE,
+    LIVE_STATES,
+    OUTCOMES,
+    QUEUE_MOVES,
+    SETTLED,
+    Action,
+    Arrival,
+    CancelCause,
+    DecisionKind,
+    EnvEvent,
+    EnvState,
+    Kind,
+    LifeAction,
+    Outcome,
+    QueueCall,
+    QueueState,
+    StopMode,
+)
+from envq._timers import Deadlines
+from envq._values import HookTimeout, Schedule
+from envq.postgres._codec import Encoded, decode, encode
+from envq.postgres.schema import SCHEMA_VERSION, event_label, render
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["CHANNEL", "PgQueue", "StoreUnavailable"]
+
+#: A row of ``envq.envelopes`` as the driver returns it.
+Row = Any
+
+log = logging.getLogger("envq.postgres")
+
+#: The NOTIFY channel: the payload is the queue's name.
+CHANNEL: Final = "envq"
+
+#: The envelope events a lifecycle action applies to every live envelope of the
+#: queue (each moves where the tables lead; RUNNING ones are left to their attempts).
+BROADCASTS: Final[Mapping[LifeAction, tuple[EnvEvent, ...]]] = {
+    LifeAction.ARM: (EnvEvent.START,),
+    LifeAction.BEGIN_STOP: (EnvEvent.STOP,),
+    LifeAction.HAND_BACK: (EnvEvent.TERMINATE,),
+    LifeAction.STOP_THEN_TERMINATE: (EnvEvent.STOP, EnvEvent.TERMINATE),
+    LifeAction.ESCALATE_THEN_TERMINATE: (EnvEvent.STOP, EnvEvent.TERMINATE),
+}
+
+#: Who cancels the attempts in flight after a lifecycle call (every node cancels
+#: its own): terminate always, a stop only when asked to.
+_CANCELS: Final[Mapping[QueueCall, CancelCause]] = {QueueCall.TERMINATE: CancelCause.TERMINATE}
+
+_LIVE: Final = [s.value for s in LIVE_STATES]
+_SEND_TARGETS: Final = QUEUE_MOVES[(INITIAL, EnvEvent.SEND)].targets
+#: The lifecycle action of a send, by the arrival it leads to.
+_ARRIVAL: Final[Mapping[LifeAction, Arrival]] = {
+    LifeAction.BUFFER: Arrival.BUFFER,
+    LifeAction.ADMIT: Arrival.NOW,
+}
+
+_INSERT: Final = """
+INSERT INTO envq.envelopes
+    (queue, id, type, invoke, payload, kind, state, event, interval_s, schedule,
+     deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at)
+SELECT $1, u.id::jsonb, u.type, u.invoke, u.payload::jsonb, u.kind::envq.envelope_kind,
+       u.state::envq.envelope_state, 'send', u.interval_s, u.schedule::envq.schedule,
+       u.deadline_s, u.before_hook, u.after_hook, u.on_success, u.on_failure,
+       u.retry::jsonb, clock_timestamp() + u.delay * interval '1 second',
+       clock_timestamp() + u.delay * interval '1 second'
+  FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+              $8::float8[], $9::text[], $10::float8[], $11::text[], $12::text[],
+              $13::text[], $14::text[], $15::text[], $16::float8[])
+       WITH ORDINALITY
+       AS u(id, type, invoke, payload, kind, state, interval_s, schedule, deadline_s,
+            before_hook, after_hook, on_success, on_failure, retry, delay, n)
+ ORDER BY u.n
+ON CONFLICT DO NOTHING
+"""
+
+_FINISH: Final = """
+SELECT envq.finish($1, $2, $3::envq.envelope_event, $4::envq.decision_kind,
+                   $5::envq.cancel_cause, false,
+                   clock_timestamp() + $6::float8 * interval '1 second', $7)
+"""
+
+_EXPIRE: Final = """
+SELECT envq.expire($1, $2, $3::envq.decision_kind,
+                   clock_timestamp() + $4::float8 * interval '1 second', $5)
+"""
+
+
+class StoreUnavailable(QueueNotRunning):
+    """The database could not be reached, or the connection was lost mid-call; what the
+    call would have changed is rolled back (a ``send`` admitted nothing)."""
+
+
+def _node_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class _Flight:
+    """One attempt in flight on this node: its row, its lease, its worker."""
+
+    __slots__ = ("claimed_at", "lost", "row", "token", "worker")
+
+    def __init__(self, row: Row, worker: Worker) -> None:
+        self.row = row
+        self.token: uuid.UUID = row["lease_token"]
+        self.worker = worker
+        self.lost = False
+        self.claimed_at = time.monotonic()
+
+
+class PgQueue:
+    """A named queue stored in PostgreSQL, with envq's lifecycle and outcome tables.
+
+    :param dsn: the database (``postgresql://...``); never logged.
+    :param name: the queue's name; every process that names it shares it.
+    :param workers: attempts this process runs at once once started (0: a producer
+        only).
+    :param capacity: the most live envelopes the queue holds (0: no limit); a batch
+        that would exceed it is refused whole.
+    :param lease: seconds an attempt's lease lasts without renewal; a node renews its
+        leases every third of it, and an attempt whose node stops renewing is reaped
+        by another node after it.
+    :param node: this process's name in the leases (default: host-pid-random).
+    :param poll: seconds between polls when no notification arrives.
+    :param stop_mode: how ``stop()`` treats ready envelopes by default.
+    :param hook_timeout: the hooks' time budgets.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        name: str = "default",
+        *,
+        workers: int = 10,
+        capacity: int = 0,
+        lease: float = 30.0,
+        node: str | None = None,
+        poll: float = 1.0,
+        stop_mode: StopMode = StopMode.DRAIN,
+        hook_timeout: HookTimeout | None = None,
+    ) -> None:
+        where = "PgQueue()"
+        if not isinstance(dsn, str) or not dsn:
+            raise TypeError(f"{where}: dsn must be a non-empty str, not {type(dsn).__name__}")
+        self.name = _checks.name(f"{where} name", name)
+        self.workers = _checks.integer(f"{where} workers", workers, minimum=0)
+        self.capacity = _checks.integer(f"{where} capacity", capacity, minimum=0)
+        self.lease = _checks.seconds(f"{where} lease", lease, positive=True)
+        self.poll = _checks.seconds(f"{where} poll", poll, positive=True)
+        self.node = _node_name() if node is None else _checks.name(f"{where} node", node)
+        self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
+        self._dsn = dsn
+        self._pool: asyncpg.Pool | None = None
+        self._listener: asyncpg.Connection | None = None
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._flights: dict[int, _Flight] = {}
+        self._attempts: set[asyncio.Task[None]] = set()
+        self._serving = False
+        self._epoch = 0
+        #: What this node did: attempts ended, refused by the fence, reaped.
+        self.counts_local: dict[str, int] = {"finished": 0, "fenced": 0, "reaped": 0}
+        self._deadlines = Deadlines(self._expire_limits)
+        self._runner = Runner(
+            name,
+            (),
+            hook_timeout or HookTimeout(),
+            Threads(max(1, self.workers), f"envq-pg-{name}"),
+            self._deadlines,
+            self._abandoned,
+        )
+
+    def __repr__(self) -> str:
+        return f"<PgQueue {self.name!r} node={self.node!r} workers={self.workers}>"
+
+    # -- connections -------------------------------------------------------------------
+
+    async def install(self) -> None:
+        """Create envq's schema in the database unless it is there (safe to call from
+        several processes at once)."""
+        import asyncpg  # noqa: PLC0415 - the extra is optional
+
+        conn = await self._connect(asyncpg)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext('envq.install'))")
+                there = await conn.fetchval("SELECT to_regclass('envq.schema_version')")
+                if there is None:
+                    await conn.execute(render())
+                else:
+                    version = await conn.fetchval("SELECT max(version) FROM envq.schema_version")
+                    if version != SCHEMA_VERSION:
+                        raise RuntimeError(
+                            f"envq's schema in the database is version {version}, this envq "
+                            f"needs {SCHEMA_VERSION}"
+                        )
+        finally:
+            await conn.close()
+
+    async def _connect(self, driver: Any) -> asyncpg.Connection:
+        try:
+            return cast("asyncpg.Connection", await driver.connect(self._dsn))
+        except (OSError, driver.PostgresError) as error:
+            # The DSN (and its password) stays out of the message.
+            raise StoreUnavailable(
+                f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
+            ) from None
+
+    async def connect(self) -> None:
+        """Open this process's connections and create the queue's row if it is new."""
+        if self._pool is not None:
+            return
+        import asyncpg  # noqa: PLC0415
+
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=1, max_size=max(2, min(self.workers, 8) + 2)
+            )
+        except (OSError, asyncpg.PostgresError) as error:
+            raise StoreUnavailable(
+                f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
+            ) from None
+        await self._pool.execute(
+            "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
+        )
+
+    async def close(self) -> None:
+        """Leave: this node stops claiming, lets its attempts in flight end (their
+        results commit), and closes its connections. The shared queue is not stopped:
+        other nodes go on."""
+        self._serving = False
+        self._wake.set()
+        if self._attempts:
+            await asyncio.gather(*self._attempts, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close()
+            self._listener = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+        self._deadlines.disarm()
+
+    async def __aenter__(self) -> PgQueue:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _db(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError(
+                f"queue {self.name!r}: not connected (use `async with` or connect())"
+            )
+        return self._pool
+
+    # -- the lifecycle -----------------------------------------------------------------
+
+    async def _call(
+        self, call: QueueCall, mode: StopMode | None = None, cancel: CancelCause | None = None
+    ) -> LifeAction:
+        """Perform a lifecycle call on the shared row, and its moves of the envelopes,
+        in one transaction; the row's action."""
+        async with self._db().acquire() as conn, conn.transaction():
+            state = await conn.fetchval(
+                "SELECT state FROM envq.queues WHERE name = $1 FOR UPDATE", self.name
+            )
+            row = LIFECYCLE[(QueueState(state), call)]
+            if row.action is LifeAction.REJECT:
+                assert row.error is not None
+                raise row.error(f"queue {self.name!r} is {state}: {call.value} is rejected")
+            assert row.target is not None
+            if row.target.value != state or mode is not None:
+                await conn.execute(
+                    "UPDATE envq.queues SET state = $2, call = $3,"
+                    " stop_mode = coalesce($4::envq.stop_mode, stop_mode),"
+                    " cancel = CASE WHEN $3::envq.queue_call = 'start' THEN NULL"
+                    "          ELSE coalesce($5::envq.cancel_cause, cancel) END"
+                    " WHERE name = $1",
+                    self.name,
+                    row.target.value,
+                    call.value,
+                    None if mode is None else mode.value,
+                    None if cancel is None else cancel.value,
+                )
+            for event in BROADCASTS.get(row.action, ()):
+                await conn.execute(
+                    "SELECT envq.broadcast($1, $2::envq.envelope_event)",
+                    self.name,
+                    event_label(event),
+                )
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self.name)
+        return row.action
+
+    async def state(self) -> QueueState:
+        """The shared queue's lifecycle state now."""
+        value = await self._db().fetchval(
+            "SELECT state FROM envq.queues WHERE name = $1", self.name
+        )
+        return QueueState(value)
+
+    async def start(self) -> None:
+        """Start the shared queue (a no-op when it runs) and, with ``workers > 0``, run
+        this process's workers on it until :meth:`close`.
+
+        :raises QueueStopping: the queue is stopping; :class:`QueueTerminated`: it was
+            terminated.
+        """
+        await self.connect()
+        await self._call(QueueCall.START)
+        if self.workers and not self._serving:
+            await self._serve()
+
+    async def stop(
+        self, mode: StopMode | None = None, cancel: bool = False, wait: bool = True
+    ) -> None:
+        """Stop the shared queue on every node (→ STOPPING → STOPPED).
+
+        :param mode: DRAIN runs the ready envelopes first, STOP parks them (default:
+            ``stop_mode``).
+        :param cancel: cancel the attempts in flight on every node (their envelopes
+            are parked); only with STOP.
+        :param wait: return once the queue is STOPPED (the attempts in flight have
+            ended, or their leases expired and were reaped).
+        """
+        where = f"queue {self.name!r}: stop()"
+        mode = self.stop_mode if mode is None else _checks.member(f"{where} mode", mode, StopMode)
+        _checks.flag(f"{where} cancel", cancel)
+        _checks.flag(f"{where} wait", wait)
+        if cancel and mode is StopMode.DRAIN:
+            raise ValueError(f"{where}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)")
+        await self._call(QueueCall.STOP, mode, CancelCause.STOP if cancel else None)
+        self._wake.set()
+        if wait:
+            await self.wait_stopped()
+
+    async def wait_stopped(self) -> QueueState:
+        """Wait until the shared queue is STOPPED or TERMINATED; that state."""
+        while True:
+            state = await self.state()
+            if state in SETTLED:
+                return state
+            if state is QueueState.STOPPING:
+                await self._try_drained()
+            await self._sleep(min(self.poll, 0.2))
+
+    async def terminate(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109 - bounded by the leases
+    ) -> list[Envelope]:
+        """Terminate the shared queue: every node cancels its attempts in flight, and
+        every envelope not ended is handed back — re-created from its row, once, to the
+        caller. Waits for the attempts in flight to end (or their leases to expire)."""
+        await self.connect()
+        await self._call(QueueCall.TERMINATE, cancel=CancelCause.TERMINATE)
+        loop = asyncio.get_running_loop()
+        until = None if timeout is None else loop.time() + timeout
+        db = self._db()
+        while True:
+            # An attempt reaped meanwhile is parked: hand it back too.
+            await db.execute(
+                "SELECT envq.broadcast($1, $2::envq.envelope_event)",
+                self.name,
+                event_label(EnvEvent.TERMINATE),
+            )
+            running = await db.fetchval(
+                "SELECT count(*) FROM envq.envelopes WHERE queue = $1 AND state = 'running'",
+                self.name,
+            )
+            if not running or (until is not None and loop.time() >= until):
+                break
+            await self._sleep(min(self.poll, 0.2))
+        rows = await db.fetch(
+            "DELETE FROM envq.envelopes WHERE queue = $1 AND state = 'returned' RETURNING * ",
+            self.name,
+        )
+        rows = sorted(rows, key=lambda r: r["seq"])
+        return [decode(r) for r in rows]
+
+    async def _try_drained(self) -> None:
+        """A stop under way with nothing left to run or wait for ends (any node)."""
+        db = self._db()
+        async with db.acquire() as conn, conn.transaction():
+            state = await conn.fetchval(
+                "SELECT state FROM envq.queues WHERE name = $1 FOR UPDATE", self.name
+            )
+            if state != QueueState.STOPPING.value:
+                return
+            busy = await conn.fetchval(
+                "SELECT EXISTS (SELECT FROM envq.envelopes WHERE queue = $1"
+                " AND state IN ('ready', 'running'))",
+                self.name,
+            )
+            if busy:
+                return
+            target = LIFECYCLE[(QueueState.STOPPING, QueueCall.DRAINED)].target
+            assert target is not None
+            await conn.execute(
+                "UPDATE envq.queues SET state = $2, call = 'drained' WHERE name = $1",
+                self.name,
+                target.value,
+            )
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self.name)
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def send(self, *envelopes: Envelope) -> int:
+        """Admit envelopes, all or none, in one transaction; the number admitted (an
+        envelope whose ``id`` is live in the queue already is a dedup, not admitted).
+
+        :raises BadEnvelopeType: an envelope that cannot cross processes (the message
+            names the field); :class:`CapacityExceeded`: the batch does not fit;
+            :class:`TypeBlacklisted`; :class:`QueueStopping` / :class:`QueueNotRunning` /
+            :class:`QueueTerminated` by the lifecycle; :class:`StoreUnavailable`: the
+            database was lost (nothing admitted).
+        """
+        label = f"queue {self.name!r}: send()"
+        rows = [encode(env, label) for env in envelopes]
+        if not rows:
+            return 0
+        import asyncpg  # noqa: PLC0415
+
+        try:
+            return await self._send(rows)
+        except (OSError, asyncpg.exceptions.ConnectionDoesNotExistError) as error:
+            raise StoreUnavailable(
+                f"{label}: the connection was lost; nothing was admitted ({type(error).__name__})"
+            ) from None
+
+    async def _send(self, rows: Sequence[Encoded]) -> int:
+        async with self._db().acquire() as conn, conn.transaction():
+            found = await conn.fetchrow(
+                "SELECT state, blacklist FROM envq.queues WHERE name = $1 FOR SHARE", self.name
+            )
+            if found is None:
+                raise QueueNotRunning(f"queue {self.name!r} does not exist")
+            state = QueueState(found["state"])
+            row = LIFECYCLE[(state, QueueCall.SEND)]
+            if row.action is LifeAction.REJECT:
+                assert row.error is not None
+                raise row.error(f"queue {self.name!r} is {state.value}: send is rejected")
+            banned = set(found["blacklist"])
+            for enc in rows:
+                if enc.type and enc.type in banned:
+                    raise TypeBlacklisted(f"queue {self.name!r}: type {enc.type!r} is blacklisted")
+            if self.capacity:
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.name)
+                live = await conn.fetchval(
+                    "SELECT count(*) FROM envq.envelopes WHERE queue = $1"
+                    " AND state = ANY($2::envq.envelope_state[])",
+                    self.name,
+                    _LIVE,
+                )
+                if live + len(rows) > self.capacity:
+                    raise CapacityExceeded(
+                        f"queue {self.name!r}: no room for {len(rows)} envelope(s): "
+                        f"{live} of {self.capacity} used"
+                    )
+            arrival = _ARRIVAL[row.action]
+            states = [
+                _SEND_TARGETS[
+                    Arrival.LATER if arrival is Arrival.NOW and enc.delay > 0 else arrival
+                ].value
+                for enc in rows
+            ]
+            status = await conn.execute(
+                _INSERT,
+                self.name,
+                [e.id for e in rows],
+                [e.type for e in rows],
+                [e.invoke for e in rows],
+                [e.payload for e in rows],
+                [(Kind.PERIODIC if e.periodic else Kind.ONE_OFF).value for e in rows],
+                states,
+                [e.interval for e in rows],
+                [e.schedule for e in rows],
+                [e.deadline for e in rows],
+                [e.hooks[0] for e in rows],
+                [e.hooks[1] for e in rows],
+                [e.hooks[2] for e in rows],
+                [e.hooks[3] for e in rows],
+                [e.retry for e in rows],
+                [e.delay for e in rows],
+            )
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self.name)
+        return int(status.rsplit(" ", 1)[-1])
+
+    async def send_wait(
+        self,
+        *envelopes: Envelope,
+        timeout: float | None = None,  # noqa: ASYNC109 - as envq's send_wait
+    ) -> int:
+        """:meth:`send`, waiting (polling) while the batch does not fit the capacity.
+
+        :raises TimeoutError: no room within ``timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        until = None if timeout is None else loop.time() + timeout
+        while True:
+            try:
+                return await self.send(*envelopes)
+            except CapacityExceeded:
+                if until is not None and loop.time() >= until:
+                    raise TimeoutError(
+                        f"queue {self.name!r}: send_wait(): no room within {timeout} s"
+                    ) from None
+                await self._sleep(min(self.poll, 0.1))
+
+    async def counts(self) -> dict[str, int]:
+        """How many envelopes of the queue are in each state now."""
+        rows = await self._db().fetch(
+            "SELECT state::text, count(*) FROM envq.envelopes WHERE queue = $1 GROUP BY state",
+            self.name,
+        )
+        return {r[0]: r[1] for r in rows}
+
+    # -- the node ----------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        import asyncpg  # noqa: PLC0415
+
+        self._serving = True
+        self._epoch += 1
+        loop = asyncio.get_running_loop()
+        self._runner.bind(loop)
+        self._deadlines.bind(loop)
+        try:
+            self._listener = await asyncpg.connect(self._dsn)
+            await self._listener.add_listener(CHANNEL, self._notified)
+        except (OSError, asyncpg.PostgresError):
+            self._listener = None  # polling only
+        self._tasks = [
+            asyncio.create_task(self._pump(), name=f"envq-pg-pump-{self.name}"),
+            asyncio.create_task(self._keep(), name=f"envq-pg-keeper-{self.name}"),
+        ]
+
+    def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        if payload == self.name:
+            self._wake.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    async def _pump(self) -> None:
+        """Claim ready envelopes while there is room, and start their attempts."""
+        import asyncpg  # noqa: PLC0415
+
+        db = self._db()
+        backoff = 0.05
+        while self._serving:
+            free = self.workers - len(self._flights)
+            if free <= 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            self._wake.clear()
+            try:
+                rows = await db.fetch(
+                    "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
+                    self.name,
+                    self.node,
+                    free,
+                    self.lease,
+                )
+                backoff = 0.05
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                log.warning("queue %r: claim failed (%s); retrying", self.name, error)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.poll)
+                continue
+            for row in rows:
+                w = Worker(self._epoch)
+                flight = _Flight(row, w)
+                self._flights[row["seq"]] = flight
+                task = asyncio.create_task(self._run(flight))
+                self._attempts.add(task)
+                task.add_done_callback(self._attempts.discard)
+            if not rows:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll)
+
+    async def _keep(self) -> None:
+        """Renew leases, move due envelopes, reap expired leases, follow the lifecycle."""
+        import asyncpg  # noqa: PLC0415
+
+        db = self._db()
+        period = min(self.lease / 3, self.poll)
+        while True:
+            try:
+                await self._renew(db)
+                moved = await db.fetchval("SELECT envq.due($1)", self.name)
+                if moved:
+                    self._wake.set()
+                await self._reap(db)
+                await self._follow(db)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                log.warning("queue %r: keeper round failed (%s)", self.name, error)
+            except Exception:
+                log.exception("queue %r: keeper round failed", self.name)
+            await asyncio.sleep(period)
+
+    async def _renew(self, db: asyncpg.Pool) -> None:
+        if not self._flights:
+            return
+        held = {
+            r[0]
+            for r in await db.fetch(
+                "SELECT * FROM envq.renew($1, $2 * interval '1 second')", self.node, self.lease
+            )
+        }
+        for flight in list(self._flights.values()):
+            if flight.token not in held and not flight.lost:
+                # The lease expired: another node may reap it; stop the work.
+                flight.lost = True
+                w = flight.worker
+                if w.task is not None and w.cancel_cause is None:
+                    w.cancel_cause = CancelCause.STOP
+                    w.owed = 1
+                    w.task.cancel()
+
+    async def _follow(self, db: asyncpg.Pool) -> None:
+        found = await db.fetchrow(
+            "SELECT state, cancel FROM envq.queues WHERE name = $1", self.name
+        )
+        if found is None:
+            return
+        state = QueueState(found["state"])
+        if found["cancel"] is not None and state is not QueueState.RUNNING:
+            cause = CancelCause(found["cancel"])
+            for flight in self._flights.values():
+                w = flight.worker
+                if w.cancellable and w.cancel_cause is None and w.task is not None:
+                    w.cancel_cause = cause
+                    w.owed = 1
+                    w.task.cancel()
+        if state is QueueState.STOPPING:
+            await self._try_drained()
+
+    async def _reap(self, db: asyncpg.Pool) -> None:
+        rows = await db.fetch(
+            "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'running'"
+            " AND lease_expires_at <= clock_timestamp() ORDER BY seq LIMIT 100",
+            self.name,
+        )
+        for row in rows:
+            try:
+                env = decode(row)
+            except Exception:  # its code is missing here: it fails
+                decision: str | None = DecisionKind.DROP.value
+                delay, failures = 0.0, None
+            else:
+                w = Worker(self._epoch)
+                w.task = asyncio.current_task()
+                cause = TimeoutError(
+                    f"queue {self.name!r}: the lease of attempt {row['attempt']} of "
+                    f"{env.label()} (node {row['lease_owner']!r}) expired"
+                )
+                kind, delay, failures = await self._decide(
+                    w, env, row, Outcome.EXPIRED, cause, time.monotonic()
+                )
+                decision = None if kind is None else kind.value
+            ended = await db.fetchval(
+                _EXPIRE, row["seq"], row["lease_token"], decision, delay, failures
+            )
+            if ended is not None:
+                self.counts_local["reaped"] += 1
+                log.info(
+                    "queue %r: reaped envelope %s (lease of node %r expired): %s",
+                    self.name,
+                    row["seq"],
+                    row["lease_owner"],
+                    ended,
+                )
+                self._wake.set()
+
+    # -- one attempt ---------------------------------------------------------------------
+
+    async def _run(self, flight: _Flight) -> None:
+        row = flight.row
+        w = flight.worker
+        w.task = asyncio.current_task()
+        outcome: Outcome
+        cause: BaseException | None
+        env: Envelope | None
+        try:
+            env = decode(row)
+        except Exception as error:  # its code is missing on this node
+            env = None
+            outcome, cause = Outcome.ERROR, error
+        else:
+            w.env = env
+            outcome, cause = await self._runner.attempt(w, env)
+        try:
+            if flight.lost:
+                self.counts_local["fenced"] += 1
+                return
+            kind: DecisionKind | None
+            if env is None:
+                kind, delay, failures = DecisionKind.DROP, 0.0, None
+            else:
+                kind, delay, failures = await self._decide(
+                    w, env, row, outcome, cause, flight.claimed_at
+                )
+            await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
+        finally:
+            self._flights.pop(row["seq"], None)
+            self._room.set()
+            w.env = None
+
+    async def _finish(
+        self,
+        flight: _Flight,
+        outcome: Outcome,
+        decision: DecisionKind | None,
+        cause: CancelCause | None,
+        delay: float,
+        failures: int | None,
+    ) -> None:
+        import asyncpg  # noqa: PLC0415
+
+        row = flight.row
+        args = (
+            row["seq"],
+            flight.token,
+            event_label(outcome),
+            None if decision is None else decision.value,
+            None if outcome is not Outcome.CANCELLED or cause is None else cause.value,
+            delay,
+            failures,
+        )
+        deadline = flight.claimed_at + self.lease * 4
+        pause = 0.05
+        while True:
+            try:
+                ended = await self._db().fetchval(_FINISH, *args)
+                break
+            except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as error:
+                # Lost the database: try again while the lease may still hold.
+                if time.monotonic() > deadline:
+                    log.error("queue %r: could not end an attempt (%s)", self.name, error)
+                    return
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+        if ended is None:
+            self.counts_local["fenced"] += 1
+            log.warning(
+                "queue %r: the lease of envelope %s expired before its attempt ended; its "
+                "result was refused",
+                self.name,
+                row["seq"],
+            )
+        else:
+            self.counts_local["finished"] += 1
+            if ended == EnvState.READY.value:
+                self._wake.set()
+
+    async def _decide(
+        self,
+        w: Worker,
+        env: Envelope,
+        row: Row,
+        outcome: Outcome,
+        cause: BaseException | None,
+        started: float,
+    ) -> tuple[DecisionKind | None, float, int | None]:
+        """The row of the outcome table for this attempt, performed as far as a node
+        decides: its hooks, the failure decision and the delay before the next run (the
+        target itself is the database's to compute). ``(decision, delay, failures)``."""
+        runner = self._runner
+        kind = Kind(row["kind"])
+        action = OUTCOMES[(kind, outcome)].action
+        attempt = int(row["attempt"])
+        match action:
+            case Action.SUCCEED:
+                await runner.on_success(w, env)
+                return None, 0.0, None
+            case Action.RESCHEDULE:
+                await runner.on_success(w, env)
+                return None, self._next_run(env, started), 0
+            case Action.DECIDE:
+                if env.on_failure is not None:
+                    decision = await runner.on_failure(w, env, cause, attempt)
+                    return decision.kind, decision.delay, None
+                retry = env.retry
+                if retry is not None and retry.allows(attempt):
+                    return DecisionKind.RETRY_AFTER, retry.delay(attempt), None
+                if retry is not None:
+                    log.info(
+                        "queue %r: %s",
+                        self.name,
+                        MaxRetriesExceeded(
+                            f"{env.label()} failed {attempt} of {retry.attempts} attempts"
+                        ),
+                    )
+                return None, 0.0, None
+            case Action.DECIDE_PERIODIC:
+                failures = int(row["failures"]) + 1
+                if env.on_failure is not None:
+                    decision = await runner.on_failure(w, env, cause, failures)
+                    return decision.kind, decision.delay, failures
+                return None, self._next_run(env, started), failures
+            case Action.REPORT_FAILURE:
+                if env.on_failure is not None:
+                    await runner.on_failure(w, env, cause, attempt)
+                return None, 0.0, None
+            case Action.END | Action.SHELVE:
+                return None, 0.0, None
+            case Action.BLACKLIST:
+                await self._blacklist(env.type)
+                return None, 0.0, None
+            case _:
+                assert_never(action)
+
+    @staticmethod
+    def _next_run(env: Envelope, started: float) -> float:
+        """Seconds from now to a periodic envelope's next run: the interval after this
+        run's end (FIXED_DELAY), or what is left of it since the run began (FIXED_RATE,
+        measured on this node's clock)."""
+        if env.schedule is Schedule.FIXED_DELAY:
+            return env.interval
+        elapsed = time.monotonic() - started
+        return max(0.0, env.interval - elapsed % env.interval)
+
+    async def _blacklist(self, type_: str) -> None:
+        """Blacklist a type in the shared queue: its live envelopes are stopped, and the
+        attempts of it in flight end STOPPED (their row group is relabelled)."""
+        async with self._db().acquire() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE envq.queues SET blacklist = array_append(blacklist, $2)"
+                " WHERE name = $1 AND NOT ($2 = ANY(blacklist))",
+                self.name,
+                type_,
+            )
+            await conn.execute(
+                "UPDATE envq.envelopes AS e SET kind = 'blacklisted'"
+                " WHERE queue = $1 AND type = $2 AND state = 'running'",
+                self.name,
+                type_,
+            )
+            await conn.execute(
+                "UPDATE envq.envelopes AS e"
+                " SET state = envq.envelope_target(e.state, 'blacklist', e.kind, q.state,"
+                "   false, NULL, NULL, q.stop_mode, false), event = 'blacklist'"
+                " FROM envq.queues AS q WHERE q.name = $1 AND e.queue = $1 AND e.type = $2"
+                " AND envq.envelope_target(e.state, 'blacklist', e.kind, q.state, false,"
+                "   NULL, NULL, q.stop_mode, false) IS NOT NULL",
+                self.name,
+                type_,
+            )
+
+    # -- time limits and cancels ---------------------------------------------------------
+
+    def _expire_limits(self, limit: float) -> float:
+        following = float("inf")
+        for flight in self._flights.values():
+            w = flight.worker
+            at = w.expiry
+            if at <= limit:
+                w.expiry = float("inf")
+                w.fired = at
+                if w.task is not None:
+                    w.owed += 1
+                    w.task.cancel()
+            elif at < following:
+                following = at
+        return following
+
+    def _abandoned(self, w: Worker) -> None:
+        """A worker cancelled by someone other than envq (the loop closing): its attempt
+        ends CANCELLED and is parked or handed back by the lease's reaper."""
+        w.abandoned = True
