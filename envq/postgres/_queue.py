@@ -105,12 +105,13 @@ _ARRIVAL: Final[Mapping[LifeAction, Arrival]] = {
 _INSERT: Final = """
 INSERT INTO envq.envelopes
     (queue, id, type, invoke, payload, kind, state, event, interval_s, schedule,
-     deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at)
+     deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at,
+     wait)
 SELECT $1, u.id::jsonb, u.type, u.invoke, u.payload::jsonb, u.kind::envq.envelope_kind,
        u.state::envq.envelope_state, 'send', u.interval_s, u.schedule::envq.schedule,
        u.deadline_s, u.before_hook, u.after_hook, u.on_success, u.on_failure,
        u.retry::jsonb, clock_timestamp() + u.delay * interval '1 second',
-       clock_timestamp() + u.delay * interval '1 second'
+       clock_timestamp() + u.delay * interval '1 second', u.delay > 0
   FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
               $8::float8[], $9::text[], $10::float8[], $11::text[], $12::text[],
               $13::text[], $14::text[], $15::text[], $16::float8[])

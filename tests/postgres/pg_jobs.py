@@ -1,0 +1,54 @@
+"""Jobs the PostgreSQL queue tests send: module-level, so that they cross processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import envq
+
+#: Attempts seen by this process, by the envelope's id.
+SEEN: dict[object, int] = {}
+
+
+def _count(env: envq.Envelope) -> None:
+    SEEN[env.id] = SEEN.get(env.id, 0) + 1
+
+
+async def noop(env: envq.Envelope) -> None:
+    """Succeed."""
+    _count(env)
+
+
+def plain(env: envq.Envelope) -> None:
+    """Succeed, in a thread."""
+    _count(env)
+
+
+async def fail(env: envq.Envelope) -> None:
+    """Fail every time."""
+    _count(env)
+    raise RuntimeError(f"{env.id} fails")
+
+
+async def fail_twice(env: envq.Envelope) -> None:
+    """Fail the first two attempts, then succeed."""
+    _count(env)
+    if SEEN[env.id] <= 2:
+        raise RuntimeError(f"{env.id} fails")
+
+
+async def slow(env: envq.Envelope) -> None:
+    """Take the seconds the payload says."""
+    _count(env)
+    await asyncio.sleep(float(env.payload))
+
+
+async def stop_type(env: envq.Envelope) -> None:
+    """Stop every envelope of this type."""
+    _count(env)
+    raise envq.StopType("enough of this type")
+
+
+def retry_then_drop(env: envq.Envelope, exc: BaseException | None, attempt: int) -> envq.Decision:
+    """on_failure: retry at once twice, then drop."""
+    return envq.retry_now() if attempt < 3 else envq.drop()
