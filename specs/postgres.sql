@@ -317,6 +317,9 @@ CREATE TABLE envq.queues (
     stop_mode envq.stop_mode,
     -- The envelope types blacklisted in this queue (StopType).
     blacklist text[] NOT NULL DEFAULT '{}',
+    -- Who cancels the attempts in flight (a stop with cancel, terminate); NULL:
+    -- they run to their end. Every node cancels its own.
+    cancel envq.cancel_cause,
     -- The call a state-changing statement performs; cleared by the trigger.
     call envq.queue_call,
     created_at timestamptz NOT NULL DEFAULT now(),
@@ -590,6 +593,32 @@ $$;
 COMMENT ON FUNCTION envq.finish IS
     'Ends an attempt with its outcome, moving the envelope where the tables lead, only '
     'while the attempt''s token holds; NULL when it does not (nothing changed).';
+
+CREATE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
+                                 outcomes envq.envelope_event[],
+                                 decisions envq.decision_kind[],
+                                 causes envq.cancel_cause[], delays double precision[],
+                                 failures integer[])
+RETURNS TABLE (seq bigint, state envq.envelope_state)
+LANGUAGE sql AS $$
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
+                                        f.decision, f.cause, q.stop_mode, false),
+           event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
+           due_at = clock_timestamp() + f.delay * interval '1 second',
+           failures = coalesce(f.failures, e.failures),
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM (SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
+                   AS u(seq, token, outcome, decision, cause, delay, failures)
+             ORDER BY u.seq) AS f,
+           envq.queues AS q
+     WHERE e.seq = f.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.seq, e.state
+$$;
+COMMENT ON FUNCTION envq.finish_many IS
+    'finish for many attempts in one statement (one commit): the rows it returns are '
+    'the attempts whose token held; the others changed nothing.';
 
 CREATE FUNCTION envq.expire(seq bigint, token uuid,
                             decision envq.decision_kind DEFAULT NULL,

@@ -38,6 +38,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, assert_never, cast
 
+import attrs
+
 from envq import _checks
 from envq._attempt import Runner, Threads, Worker
 from envq._envelope import Envelope
@@ -122,16 +124,36 @@ SELECT $1, u.id::jsonb, u.type, u.invoke, u.payload::jsonb, u.kind::envq.envelop
 ON CONFLICT DO NOTHING
 """
 
-_FINISH: Final = """
-SELECT envq.finish($1, $2, $3::envq.envelope_event, $4::envq.decision_kind,
-                   $5::envq.cancel_cause, false,
-                   clock_timestamp() + $6::float8 * interval '1 second', $7)
+_FINISH_MANY: Final = """
+SELECT * FROM envq.finish_many($1::bigint[], $2::uuid[], $3::envq.envelope_event[],
+                               $4::envq.decision_kind[], $5::envq.cancel_cause[],
+                               $6::float8[], $7::integer[])
 """
 
 _EXPIRE: Final = """
 SELECT envq.expire($1, $2, $3::envq.decision_kind,
                    clock_timestamp() + $4::float8 * interval '1 second', $5)
 """
+
+
+#: The result of an attempt's end the node could not commit (the database stayed
+#: away for longer than four leases): another node reaps the attempt.
+_GAVE_UP: Final = "gave up"
+
+
+@attrs.define(slots=True)
+class _Ending:
+    """An attempt's end waiting for the finisher's next statement."""
+
+    seq: int
+    token: uuid.UUID
+    outcome: str
+    decision: str | None
+    cause: str | None
+    delay: float
+    failures: int | None
+    give_up: float
+    done: asyncio.Future[str | None]
 
 
 class StoreUnavailable(QueueNotRunning):
@@ -146,13 +168,14 @@ def _node_name() -> str:
 class _Flight:
     """One attempt in flight on this node: its row, its lease, its worker."""
 
-    __slots__ = ("claimed_at", "lost", "row", "token", "worker")
+    __slots__ = ("claimed_at", "freed", "lost", "row", "token", "worker")
 
     def __init__(self, row: Row, worker: Worker) -> None:
         self.row = row
         self.token: uuid.UUID = row["lease_token"]
         self.worker = worker
         self.lost = False
+        self.freed = False
         self.claimed_at = time.monotonic()
 
 
@@ -205,6 +228,11 @@ class PgQueue:
         self._tasks: list[asyncio.Task[None]] = []
         self._flights: dict[int, _Flight] = {}
         self._attempts: set[asyncio.Task[None]] = set()
+        self._ending: list[_Ending] = []
+        #: Attempts running their body or hooks (a slot each; their end may still be
+        #: committing).
+        self._busy = 0
+        self._ending_ready = asyncio.Event()
         self._serving = False
         self._epoch = 0
         #: What this node did: attempts ended, refused by the fence, reaped.
@@ -586,6 +614,7 @@ class PgQueue:
         self._tasks = [
             asyncio.create_task(self._pump(), name=f"envq-pg-pump-{self.name}"),
             asyncio.create_task(self._keep(), name=f"envq-pg-keeper-{self.name}"),
+            asyncio.create_task(self._finisher(), name=f"envq-pg-finisher-{self.name}"),
         ]
 
     def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
@@ -604,7 +633,7 @@ class PgQueue:
         db = self._db()
         backoff = 0.05
         while self._serving:
-            free = self.workers - len(self._flights)
+            free = self.workers - self._busy
             if free <= 0:
                 self._room.clear()
                 await self._room.wait()
@@ -628,6 +657,7 @@ class PgQueue:
                 w = Worker(self._epoch)
                 flight = _Flight(row, w)
                 self._flights[row["seq"]] = flight
+                self._busy += 1
                 task = asyncio.create_task(self._run(flight))
                 self._attempts.add(task)
                 task.add_done_callback(self._attempts.discard)
@@ -759,11 +789,19 @@ class PgQueue:
                 kind, delay, failures = await self._decide(
                     w, env, row, outcome, cause, flight.claimed_at
                 )
+            # The worker is free while the end commits (with others, in one batch).
+            self._free(flight)
             await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
         finally:
+            self._free(flight)
             self._flights.pop(row["seq"], None)
-            self._room.set()
             w.env = None
+
+    def _free(self, flight: _Flight) -> None:
+        if not flight.freed:
+            flight.freed = True
+            self._busy -= 1
+            self._room.set()
 
     async def _finish(
         self,
@@ -774,10 +812,10 @@ class PgQueue:
         delay: float,
         failures: int | None,
     ) -> None:
-        import asyncpg  # noqa: PLC0415
-
+        """End the attempt in the database (batched with the other attempts ending now,
+        one statement and one commit for all), fenced by its token."""
         row = flight.row
-        args = (
+        ending = _Ending(
             row["seq"],
             flight.token,
             event_label(outcome),
@@ -785,20 +823,14 @@ class PgQueue:
             None if outcome is not Outcome.CANCELLED or cause is None else cause.value,
             delay,
             failures,
+            flight.claimed_at + self.lease * 4,
+            asyncio.get_running_loop().create_future(),
         )
-        deadline = flight.claimed_at + self.lease * 4
-        pause = 0.05
-        while True:
-            try:
-                ended = await self._db().fetchval(_FINISH, *args)
-                break
-            except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as error:
-                # Lost the database: try again while the lease may still hold.
-                if time.monotonic() > deadline:
-                    log.error("queue %r: could not end an attempt (%s)", self.name, error)
-                    return
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 1.0)
+        self._ending.append(ending)
+        self._ending_ready.set()
+        ended = await ending.done
+        if ended is _GAVE_UP:
+            return
         if ended is None:
             self.counts_local["fenced"] += 1
             log.warning(
@@ -811,6 +843,46 @@ class PgQueue:
             self.counts_local["finished"] += 1
             if ended == EnvState.READY.value:
                 self._wake.set()
+
+    async def _finisher(self) -> None:
+        """Commit the ends of the attempts that ended meanwhile, all in one statement."""
+        import asyncpg  # noqa: PLC0415
+
+        db = self._db()
+        pause = 0.05
+        while True:
+            await self._ending_ready.wait()
+            self._ending_ready.clear()
+            batch, self._ending = self._ending, []
+            while batch:
+                try:
+                    found = await db.fetch(
+                        _FINISH_MANY,
+                        [e.seq for e in batch],
+                        [e.token for e in batch],
+                        [e.outcome for e in batch],
+                        [e.decision for e in batch],
+                        [e.cause for e in batch],
+                        [e.delay for e in batch],
+                        [e.failures for e in batch],
+                    )
+                except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as err:
+                    # Lost the database: try again while the leases may still hold.
+                    now = time.monotonic()
+                    for e in batch:
+                        if now > e.give_up and not e.done.done():
+                            log.error("queue %r: could not end an attempt (%s)", self.name, err)
+                            e.done.set_result(_GAVE_UP)
+                    batch = [e for e in batch if not e.done.done()]
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 1.0)
+                    continue
+                pause = 0.05
+                states = {r[0]: r[1] for r in found}
+                for e in batch:
+                    if not e.done.done():
+                        e.done.set_result(states.get(e.seq))
+                batch = []
 
     async def _decide(
         self,
