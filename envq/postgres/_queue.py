@@ -690,6 +690,9 @@ class PgQueue:
     async def _renew(self, db: asyncpg.Pool) -> None:
         if not self._flights:
             return
+        # Only a flight claimed (committed) before this statement began can be judged
+        # by it: a claim committing meanwhile is not in its snapshot.
+        asked = time.monotonic()
         held = {
             r[0]
             for r in await db.fetch(
@@ -697,7 +700,13 @@ class PgQueue:
             )
         }
         for flight in list(self._flights.values()):
-            if flight.token not in held and not flight.lost:
+            # A flight whose body ended is committing its end, which cleared the lease.
+            if (
+                flight.token not in held
+                and flight.claimed_at < asked
+                and not flight.lost
+                and not flight.freed
+            ):
                 # The lease expired: another node may reap it; stop the work.
                 flight.lost = True
                 w = flight.worker

@@ -310,7 +310,10 @@ class TestLeases:
             async with PgQueue(pg_dsn, qname, workers=1, poll=0.05) as reaper:
                 await reaper.start()
                 await until(settled(reaper, failed=1))
-                assert reaper.counts_local == {"finished": 0, "fenced": 0, "reaped": 1}
+                assert reaper.counts_local == {"finished": 0, "fenced": 0, "reaped": 1}, (
+                    reaper.counts_local,
+                    await reaper.counts(),
+                )
 
     async def test_an_expired_periodic_run_goes_on_with_its_schedule(
         self, pg_dsn: str, qname: str
@@ -323,3 +326,21 @@ class TestLeases:
                 await node.start()
                 await until(lambda: _at_least(pg_jobs.SEEN, "pghost", 2))
                 assert node.counts_local["reaped"] == 1
+
+    async def test_renewals_racing_claims_and_ends_lose_no_lease(
+        self, pg_dsn: str, qname: str
+    ) -> None:
+        """A renewal whose snapshot misses a claim committing meanwhile, or sees an end
+        committed before its attempt is done, must not take the lease for lost."""
+        async with PgQueue(pg_dsn, qname, workers=8, lease=0.3, poll=0.05) as node:
+            await node.send(
+                *(envq.Envelope(invoke=pg_jobs.noop, id=("race", i)) for i in range(600))
+            )
+            await node.start()
+            await until(settled(node, succeeded=600), limit=60)
+            await until(lambda: _finished(node, 600))
+            assert node.counts_local == {"finished": 600, "fenced": 0, "reaped": 0}
+
+
+async def _finished(node: PgQueue, n: int) -> bool:
+    return node.counts_local["finished"] + node.counts_local["fenced"] >= n
