@@ -138,6 +138,7 @@ class Producer(Protocol):
     async def send_batch(self, n: int) -> None: ...
     async def send_one(self, index: int) -> None: ...
     async def done(self) -> int: ...
+    async def finish(self) -> None: ...
 
 
 Serve = Callable[[str, int, Any, Any, Any], Awaitable[None]]
@@ -174,6 +175,10 @@ class _EnvqProducer:
         counts = await self.q.counts()
         return int(counts.get("succeeded", 0))
 
+    async def finish(self) -> None:
+        # One stop for the shared queue (it stops it in every process, draining).
+        await self.q.stop()
+
 
 @contextlib.asynccontextmanager
 async def _envq_producer(dsn: str) -> AsyncIterator[Producer]:
@@ -194,8 +199,8 @@ async def _envq_serve(dsn: str, index: int, ready: Any, go: Any, stop: Any) -> N
         ready.put((index, ""))
         await asyncio.to_thread(go.wait)
         await queue.start()
+        # The producer stops the shared queue; this process then just closes.
         await asyncio.to_thread(stop.wait)
-        await queue.stop()
 
 
 # -- pgqueuer (asyncpg) ------------------------------------------------------------
@@ -226,6 +231,9 @@ class _PgqProducer:
         # A job that ends is deleted from the queue table (and logged) in one statement.
         left = await self.conn.fetchval("SELECT count(*) FROM pgqueuer")
         return self.sent - int(left)
+
+    async def finish(self) -> None:
+        pass
 
 
 @contextlib.asynccontextmanager
@@ -298,6 +306,9 @@ class _ProcrastinateProducer:
             )
             row = await cur.fetchone()
         return int(row[0])
+
+    async def finish(self) -> None:
+        pass
 
 
 @contextlib.asynccontextmanager
@@ -460,6 +471,7 @@ async def measure(
 
             await _until("latency jobs", rest_done, within)
             row.done = await producer.done()
+            await producer.finish()
     except Exception as error:  # report and go on with the other systems
         row.error = f"{type(error).__name__}: {error}"
     finally:
