@@ -44,6 +44,8 @@ from typing import Any, Protocol
 if __package__ in (None, ""):  # ``python benchmarks/postgres.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._core import cpu_model
+
 #: The systems, in the order they run and are reported.
 SYSTEMS = ("envq", "pgqueuer", "procrastinate")
 #: Jobs one worker process may run at once (envq ``workers``, procrastinate
@@ -59,8 +61,9 @@ POLL = 0.01
 PHASE_TIMEOUT = 120.0
 #: The one line of settings every report states.
 SETTINGS = (
-    f"envq: PgQueue(workers={CONCURRENCY}); pgqueuer: PgQueuer.run(batch_size={CONCURRENCY}), "
-    f"other defaults; procrastinate: run_worker_async(concurrency={CONCURRENCY}, "
+    f"envq: PgQueue(workers={CONCURRENCY}); "
+    f"pgqueuer: PgQueuer.run(batch_size={CONCURRENCY}), other defaults (no cap on jobs "
+    f"in flight); procrastinate: run_worker_async(concurrency={CONCURRENCY}, "
     "listen_notify=True), other defaults"
 )
 
@@ -527,7 +530,8 @@ async def run_all(
         "settings": SETTINGS,
         "postgresql": pg_version,
         "durability": durability,
-        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+        "machine": f"{platform.system()} {platform.release()} {platform.machine()}, "
+        f"{cpu_model()}, {os.cpu_count()} CPUs",
         "load_average": _load(),
         "versions": _versions(),
         "rows": [{**row.summary(), "raw": asdict(row)} for row in rows],
@@ -639,7 +643,9 @@ def section(result: dict[str, Any], command: str = "python -m benchmarks.postgre
         "`Queries.enqueue` with lists, procrastinate `batch_defer_async`). *p50/p95/p99*: "
         "send → start latency with the workers idle and running, jobs sent one at a "
         "time; the job body's `time.time()` minus the one read just before the send "
-        "call. Higher jobs/s and lower latency are better.",
+        "call. Higher jobs/s and lower latency are better. One run, no repetitions: "
+        "on a shared machine the figures move from run to run by tens of percent, so "
+        "compare the systems within one run.",
         "",
         f"- **Software:** Python {v.get('python', '?')}; envq {v.get('envq', '?')}; "
         f"pgqueuer {v.get('pgqueuer', '?')} (asyncpg {v.get('asyncpg', '?')}); "
