@@ -451,7 +451,19 @@ async def measure(
             go.set()
             started = time.perf_counter()
 
+            def check_workers() -> None:
+                # A worker process that died would otherwise show as a timeout.
+                for index, worker in enumerate(workers):
+                    if not worker.is_alive():
+                        told = ""
+                        with contextlib.suppress(queue.Empty):
+                            told = ready.get(timeout=1.0)[1]
+                        raise RuntimeError(
+                            f"worker process {index} exited ({worker.exitcode}) {told}".strip()
+                        )
+
             async def all_done() -> bool:
+                check_workers()
                 return await producer.done() >= n
 
             await _until("throughput", all_done, within)
@@ -470,6 +482,7 @@ async def measure(
                 row.latencies_ms.append((began - sent[index]) * 1000.0)
 
             async def rest_done() -> bool:
+                check_workers()
                 return await producer.done() >= n + latency_jobs
 
             await _until("latency jobs", rest_done, within)

@@ -29,7 +29,7 @@ def test_tiny_run_gives_well_formed_figures(pg_server: ThrowawayServer) -> None:
             within=30.0,
         )
     )
-    assert row.error == ""
+    assert row.error == "", row
     assert row.done == 50 + 10
     assert row.enqueue_s > 0
     assert row.run_s > 0
