@@ -36,7 +36,7 @@ import queue
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -144,7 +144,7 @@ class Producer(Protocol):
     async def finish(self) -> None: ...
 
 
-Serve = Callable[[str, int, Any, Any, Any], Awaitable[None]]
+Serve = Callable[[str, int, Any, Any, Any], Coroutine[Any, Any, None]]
 
 
 # -- envq.postgres -----------------------------------------------------------------
@@ -156,6 +156,11 @@ def _envq_available() -> str | None:
     except (ImportError, AttributeError):
         return "not available on this checkout"
     return None
+
+
+def _pg_queue_class() -> Any:
+    # By name: the class is not on every checkout (see _envq_available).
+    return importlib.import_module("envq.postgres").PgQueue
 
 
 class _EnvqProducer:
@@ -185,23 +190,19 @@ class _EnvqProducer:
 
 @contextlib.asynccontextmanager
 async def _envq_producer(dsn: str) -> AsyncIterator[Producer]:
-    from envq.postgres import PgQueue  # type: ignore[attr-defined]  # noqa: PLC0415
-
-    queue = PgQueue(dsn, "bench", workers=0, node="producer")
-    producer = _EnvqProducer(queue)
+    shared = _pg_queue_class()(dsn, "bench", workers=0, node="producer")
+    producer = _EnvqProducer(shared)
     await producer.install()
-    async with queue:
+    async with shared:
         yield producer
 
 
 async def _envq_serve(dsn: str, index: int, ready: Any, go: Any, stop: Any) -> None:
-    from envq.postgres import PgQueue  # type: ignore[attr-defined]  # noqa: PLC0415
-
-    queue = PgQueue(dsn, "bench", workers=CONCURRENCY, node=f"w{index}")
-    async with queue:
+    shared = _pg_queue_class()(dsn, "bench", workers=CONCURRENCY, node=f"w{index}")
+    async with shared:
         ready.put((index, ""))
         await asyncio.to_thread(go.wait)
-        await queue.start()
+        await shared.start()
         # The producer stops the shared queue; this process then just closes.
         await asyncio.to_thread(stop.wait)
 
