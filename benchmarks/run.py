@@ -6,14 +6,19 @@ From the project root::
     python -m benchmarks --quick          # small sizes, 3 repetitions (~2 min)
     python -m benchmarks --smoke          # tiny sizes, 2 repetitions (the test's mode)
     python -m benchmarks --only oneoff,periodic --out /tmp/bench
+    python -m benchmarks --postgres       # also the job queues on PostgreSQL (~3 min more)
 
 Sections (``--only``): oneoff, latency, periodic, memory, scaling, uvloop, profile.
+The PostgreSQL comparison (``benchmarks/postgres.py``) runs only with ``--postgres``;
+without it, the report keeps the PostgreSQL section of the report it replaces.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
+import json
 import os
 import platform
 import sys
@@ -21,11 +26,21 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # ``python benchmarks/run.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import latency, memory, oneoff, periodic, profiling, report, scaling
+from benchmarks import (
+    latency,
+    memory,
+    oneoff,
+    periodic,
+    postgres,
+    profiling,
+    report,
+    scaling,
+)
 from benchmarks._core import (
     MODES,
     ONEOFF_FIELDS,
@@ -44,6 +59,12 @@ from benchmarks._core import (
 )
 
 SECTIONS = ("oneoff", "latency", "periodic", "memory", "scaling", "uvloop", "profile")
+#: ``--postgres``: the PostgreSQL comparison's sizes in each mode.
+PG_SIZES: dict[str, dict[str, Any]] = {
+    "full": {"procs": (1, 2, 4), "n": 5000, "latency_jobs": 200, "rate": 100.0},
+    "quick": {"procs": (1, 2, 4), "n": 2000, "latency_jobs": 100, "rate": 100.0},
+    "smoke": {"procs": (1,), "n": 50, "latency_jobs": 10, "rate": 100.0},
+}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -91,6 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="override the repetitions")
     ap.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     ap.add_argument("--json", metavar="FILE", type=Path, help="also save the raw results")
+    ap.add_argument(
+        "--postgres",
+        action="store_true",
+        help="also run the job queues on PostgreSQL (benchmarks/postgres.py; needs "
+        "PostgreSQL's server programs): its section of the report",
+    )
     ap.add_argument(
         "--render",
         metavar="FILE",
@@ -186,12 +213,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "profile" in only and cfg.mode != "smoke":
         _log("-- profile (cProfile)")
         res.profiles = profiling.profiles(cfg)
+    pg_section: str | None = None
+    if args.postgres:
+        _log("-- PostgreSQL job queues")
+        pg = PG_SIZES[cfg.mode]
+        t_pg = time.perf_counter()
+        pg_result = asyncio.run(postgres.run_all(postgres.SYSTEMS, log=_log, **pg))
+        pg_result["wall_s"] = round(time.perf_counter() - t_pg, 1)
+        _log(postgres.table(pg_result))
+        pg_section = postgres.section(pg_result, command="python -m benchmarks --postgres")
+        if args.json is not None:
+            pg_json = args.json.with_name(args.json.stem + ".postgres.json")
+            pg_json.write_text(json.dumps(pg_result, indent=2) + "\n", encoding="utf-8")
     res.load_end = load_average()
     res.wall = time.perf_counter() - t_all
 
     if args.json is not None:
         report.save(res, args.json)
-    write(res, out_dir, plot=not args.no_plot)
+    write(res, out_dir, plot=not args.no_plot, postgres_section=pg_section)
 
     _log("")
     _log("targets:")
@@ -211,8 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def write(res: report.Results, out_dir: Path, *, plot: bool) -> None:
-    """``benchmarks.md`` and (with matplotlib) ``benchmarks.png`` into ``out_dir``."""
+def write(
+    res: report.Results, out_dir: Path, *, plot: bool, postgres_section: str | None = None
+) -> None:
+    """``benchmarks.md`` and (with matplotlib) ``benchmarks.png`` into ``out_dir``; the
+    PostgreSQL section is ``postgres_section``, or else the one of the file replaced."""
     png: str | None = None
     if plot:
         if have("matplotlib"):
@@ -220,7 +262,10 @@ def write(res: report.Results, out_dir: Path, *, plot: bool) -> None:
             png = "benchmarks.png"
         elif "matplotlib is not installed: no benchmarks.png." not in res.notes:
             res.notes.append("matplotlib is not installed: no benchmarks.png.")
-    (out_dir / "benchmarks.md").write_text(report.markdown(res, png), encoding="utf-8")
+    target = out_dir / "benchmarks.md"
+    old = target.read_text(encoding="utf-8") if target.exists() else None
+    text = postgres.splice(report.markdown(res, png), postgres_section, old)
+    target.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

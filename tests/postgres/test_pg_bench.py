@@ -1,0 +1,64 @@
+"""The PostgreSQL benchmark's harness (``benchmarks/postgres.py``) measures what it says.
+
+One tiny run of the measuring function with one peer and one worker process: every
+job it enqueued is done, every latency job reported its start, and the figures are
+positive. No figure is compared with a target: speed is never asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from benchmarks import postgres as bench
+from envq.postgres._server import ThrowawayServer
+
+
+def test_tiny_run_gives_well_formed_figures(pg_server: ThrowawayServer) -> None:
+    pytest.importorskip("pgqueuer", reason="the bench extra is not installed")
+    row = asyncio.run(
+        bench.measure(
+            pg_server,
+            "pgqueuer",
+            1,
+            n=50,
+            latency_jobs=10,
+            rate=200.0,
+            database="bench_harness",
+            within=30.0,
+        )
+    )
+    assert row.error == "", row
+    assert row.done == 50 + 10
+    assert row.enqueue_s > 0
+    assert row.run_s > 0
+    assert len(row.latencies_ms) == 10
+    assert all(ms > 0 for ms in row.latencies_ms)
+    summary = row.summary()
+    assert summary["jobs_per_s"] > 0
+    assert summary["enqueue_per_s"] > 0
+    lat = summary["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= max(row.latencies_ms)
+    # The report's section holds the row, and replaces itself rather than stacking.
+    result = {
+        "n": 50,
+        "latency_jobs": 10,
+        "rate": 200.0,
+        "settings": bench.SETTINGS,
+        "postgresql": "15",
+        "machine": "test",
+        "durability": "fsync=on",
+        "load_average": "0",
+        "versions": {},
+        "rows": [summary],
+    }
+    text = bench.section(result)
+    assert "| pgqueuer | 1 |" in text
+    report = bench.splice("# report\n\n## Method\n\nhow\n", text)
+    again = bench.splice(report, text)
+    assert again == report
+    assert again.count(bench.HEADING) == 1
+    assert again.index(bench.HEADING) < again.index("## Method")
+    kept = bench.splice("# report\n\n## Method\n\nhow\n", None, old=report)
+    assert kept == report
