@@ -287,6 +287,19 @@ class Envelope:
             )
         return attrs.evolve(self, **changes)
 
+    def _sibling(self, id: Hashable, payload: Any) -> Envelope:
+        """A copy with another ``id`` and ``payload`` and a record of its own, not
+        validated again: for a store that rebuilds many envelopes of one validated
+        shape from rows (``id`` must be hashable, as the rows' are)."""
+        twin: Envelope = object.__new__(Envelope)
+        set_ = object.__setattr__
+        for name in _SLOTS:
+            set_(twin, name, getattr(self, name))
+        set_(twin, "id", id)
+        set_(twin, "payload", payload)
+        set_(twin, "_rec", _Rec())
+        return twin
+
     def label(self) -> str:
         """``type/id`` for messages and logs."""
         return f"{self.type or '-'}/{self.id!r}"
@@ -299,5 +312,7 @@ class Envelope:
         return f"<Envelope {self.label()} {kind}>"
 
 
+#: Every attribute of an envelope, for :meth:`Envelope._sibling`.
+_SLOTS: tuple[str, ...] = tuple(a.name for a in attrs.fields(Envelope))
 #: The fields ``Envelope(...)`` and ``evolve(...)`` take.
 _FIELDS: frozenset[str] = frozenset(a.alias for a in attrs.fields(Envelope) if a.init and a.alias)

@@ -99,8 +99,9 @@ COMMENT ON TYPE envq.schedule IS 'How a periodic envelope is timed.';
 -- The moves of the tables, compiled.
 
 CREATE FUNCTION envq.envelope_target(state envq.envelope_state, event envq.envelope_event, kind envq.envelope_kind, queue envq.queue_state, wait boolean, decision envq.decision_kind, cause envq.cancel_cause, mode envq.stop_mode, limited boolean)
-RETURNS envq.envelope_state LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-SELECT CASE
+RETURNS envq.envelope_state LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  RETURN CASE
     WHEN state IS NULL AND event = 'send'
     THEN CASE
             WHEN queue = 'init' THEN 'buffered'::envq.envelope_state
@@ -265,13 +266,15 @@ SELECT CASE
     THEN 'returned'::envq.envelope_state
     WHEN state = 'parked' AND event = 'blacklist'
     THEN 'stopped'::envq.envelope_state
-  END
+  END;
+END
 $$;
 COMMENT ON FUNCTION envq.envelope_target IS 'The state an event leads an envelope to (state NULL: a new one), as envq._machine.target; NULL when the event does not move it.';
 
 CREATE FUNCTION envq.queue_target(state envq.queue_state, call envq.queue_call)
-RETURNS envq.queue_state LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-SELECT CASE
+RETURNS envq.queue_state LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  RETURN CASE
     WHEN state = 'init' AND call = 'start' THEN 'running'::envq.queue_state
     WHEN state = 'init' AND call = 'send' THEN 'init'::envq.queue_state
     WHEN state = 'init' AND call = 'stop' THEN 'init'::envq.queue_state
@@ -292,19 +295,22 @@ SELECT CASE
     WHEN state = 'stopped' AND call = 'terminate' THEN 'terminated'::envq.queue_state
     WHEN state = 'terminated' AND call = 'stop' THEN 'terminated'::envq.queue_state
     WHEN state = 'terminated' AND call = 'terminate' THEN 'terminated'::envq.queue_state
-  END
+  END;
+END
 $$;
 COMMENT ON FUNCTION envq.queue_target IS 'The lifecycle state a call leads to; NULL for a rejected or impossible call.';
 
 CREATE FUNCTION envq.queue_refusal(state envq.queue_state, call envq.queue_call)
-RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-SELECT CASE
+RETURNS text LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  RETURN CASE
     WHEN state = 'stopping' AND call = 'start' THEN 'QueueStopping'
     WHEN state = 'stopping' AND call = 'send' THEN 'QueueStopping'
     WHEN state = 'stopped' AND call = 'send' THEN 'QueueNotRunning'
     WHEN state = 'terminated' AND call = 'start' THEN 'QueueTerminated'
     WHEN state = 'terminated' AND call = 'send' THEN 'QueueTerminated'
-  END
+  END;
+END
 $$;
 COMMENT ON FUNCTION envq.queue_refusal IS 'The error a call rejected in this state raises; NULL when it is not rejected.';
 
@@ -533,6 +539,11 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('envq.claim: owner must be a non-empty name, not %L', owner);
     END IF;
+    -- A claim does not wait for the WAL flush: one a crash forgets has no committed
+    -- end (an end's commit flushes the claim before it), so its envelope is READY
+    -- again and runs again, as at-least-once allows; the forgotten attempt's end is
+    -- refused by the fence. Ends, sends and lifecycle calls are durable.
+    PERFORM set_config('synchronous_commit', 'off', true);
     RETURN QUERY
     UPDATE envq.envelopes AS e
        SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,

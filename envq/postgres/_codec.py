@@ -174,18 +174,50 @@ def encode(env: object, label: str) -> Encoded:
 
 
 def decode(row: Any) -> Envelope:
-    """The envelope a row stands for, its callables resolved by name."""
+    """The envelope a row stands for, its callables resolved by name.
+
+    Rows of one shape (the same callables, type, timing and policy) share one
+    validated prototype; each row gets a sibling of it with its own ``id`` and
+    ``payload`` (building and validating an Envelope per row cost more than the rest
+    of an attempt's work on a node).
+    """
+    shape = (
+        row["invoke"],
+        row["type"],
+        row["interval_s"],
+        row["deadline_s"],
+        row["retry"],
+        row["schedule"],
+        *(row[column] for _attr, column in HOOKS),
+    )
+    proto = _PROTOTYPES.get(shape)
+    if proto is None:
+        proto = _prototype(row)
+        if len(_PROTOTYPES) >= _MAX_PROTOTYPES:
+            _PROTOTYPES.clear()
+        _PROTOTYPES[shape] = proto
+    ident = row["id"]
+    payload = row["payload"]
+    return proto._sibling(
+        None if ident is None else _hashable(json.loads(ident)),
+        None if payload is None else json.loads(payload),
+    )
+
+
+#: Validated envelopes by the shape of their rows (see :func:`decode`).
+_PROTOTYPES: dict[tuple[object, ...], Envelope] = {}
+_MAX_PROTOTYPES: Final = 4096
+
+
+def _prototype(row: Any) -> Envelope:
     retry = row["retry"]
     policy = None if retry is None else Retry(**json.loads(retry))
     hooks = [None if row[column] is None else resolve(row[column]) for _attr, column in HOOKS]
-    ident = row["id"]
     return Envelope(
         invoke=resolve(row["invoke"]),
-        id=None if ident is None else _hashable(json.loads(ident)),
         type=row["type"],
         interval=row["interval_s"],
         deadline=row["deadline_s"],
-        payload=None if row["payload"] is None else json.loads(row["payload"]),
         retry=policy,
         schedule=Schedule(row["schedule"]),
         before=hooks[0],

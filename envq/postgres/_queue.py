@@ -232,6 +232,7 @@ class PgQueue:
         #: Attempts running their body or hooks (a slot each; their end may still be
         #: committing).
         self._busy = 0
+        self._claim_floor = max(1, self.workers // 2)
         self._ending_ready = asyncio.Event()
         self._serving = False
         self._epoch = 0
@@ -634,7 +635,9 @@ class PgQueue:
         backoff = 0.05
         while self._serving:
             free = self.workers - self._busy
-            if free <= 0:
+            # While attempts run, claim in batches (half the workers at least): a
+            # claim is a statement and a commit, whatever its size.
+            if free <= 0 or (self._busy and free < self._claim_floor):
                 self._room.clear()
                 await self._room.wait()
                 continue

@@ -440,6 +440,11 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('envq.claim: owner must be a non-empty name, not %L', owner);
     END IF;
+    -- A claim does not wait for the WAL flush: one a crash forgets has no committed
+    -- end (an end's commit flushes the claim before it), so its envelope is READY
+    -- again and runs again, as at-least-once allows; the forgotten attempt's end is
+    -- refused by the fence. Ends, sends and lifecycle calls are durable.
+    PERFORM set_config('synchronous_commit', 'off', true);
     RETURN QUERY
     UPDATE envq.envelopes AS e
        SET state = '{running}', event = '{dispatch}', attempt = e.attempt + 1,
@@ -612,9 +617,14 @@ def _function(
     name: str, params: Sequence[tuple[str, str]], returns: str, body: str, comment: str
 ) -> str:
     args = ", ".join(f"{param} {type_}" for param, type_ in params)
+    # PL/pgSQL, not SQL: its expression is planned once per session, where a SQL
+    # function this size was planned again at each call from the triggers (most of
+    # a claim's time).
+    expression = body.removeprefix("SELECT ")
     return (
         f"CREATE FUNCTION {SCHEMA}.{name}({args})\n"
-        f"RETURNS {returns} LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$\n{body}\n$$;\n"
+        f"RETURNS {returns} LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$\n"
+        f"BEGIN\n  RETURN {expression};\nEND\n$$;\n"
         f"COMMENT ON FUNCTION {SCHEMA}.{name} IS {_q(comment)};\n"
     )
 
