@@ -107,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
             "(0: any free port; needs prometheus_client)"
         ),
     )
+    demo.add_argument(
+        "--postgres",
+        action="store_true",
+        help=(
+            "the PostgreSQL demo instead: worker processes share a queue, one is killed "
+            "mid-run, nothing is lost (a throwaway server unless --dsn or $ENVQ_DSN)"
+        ),
+    )
+    demo.add_argument("--dsn", default=None, help="the database of --postgres")
     view = demo.add_mutually_exclusive_group()
     view.add_argument(
         "--live",
@@ -188,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _conform(args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)
+    if args.command == "demo" and args.postgres:
+        from envq.postgres.demo import run_pg_demo  # noqa: PLC0415 - needs asyncpg
+
+        return run_pg_demo(args.dsn)
     if args.command == "demo":
         return run_demo(
             DemoOptions(

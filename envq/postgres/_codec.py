@@ -35,6 +35,10 @@ HOOKS: Final = (
 )
 
 
+#: The names of callables already checked (a send checks each envelope's).
+_NAMES: dict[Callable[..., Any], str] = {}
+
+
 def callable_name(fn: Callable[..., Any], field: str, label: str) -> str:
     """The import path ``module:qualname`` of ``fn``, checked to resolve to ``fn``
     itself (so that another process runs the same code).
@@ -42,6 +46,12 @@ def callable_name(fn: Callable[..., Any], field: str, label: str) -> str:
     :raises BadEnvelopeType: when ``fn`` has no stable name (a lambda, a closure, a
         bound method, a callable object, a function of ``__main__`` run as a script).
     """
+    try:
+        known = _NAMES.get(fn)
+    except TypeError:  # unhashable: checked below, and refused
+        known = None
+    if known is not None:
+        return known
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
@@ -71,6 +81,9 @@ def callable_name(fn: Callable[..., Any], field: str, label: str) -> str:
             f"{label}: {field}={fn!r} cannot cross processes: {name} names another object "
             f"({found!r})"
         )
+    if len(_NAMES) >= 4096:
+        _NAMES.clear()
+    _NAMES[fn] = name
     return name
 
 
