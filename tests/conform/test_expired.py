@@ -12,6 +12,7 @@ import pytest
 
 from envq._machine import CancelCause, EnvState, Outcome, QueueCall, QueueState
 from envq.conform import strategies
+from envq.conform.harness import Harness, replay
 from envq.conform.oracle import Oracle, Violation, expected_target
 from envq.conform.protocol import (
     EXPIRED_CAUSE,
@@ -185,25 +186,62 @@ class Undeclared(LeasedTimeouts):
     declare = False
 
 
-#: Enough to reach EXPIRED rows of both row groups (deadlines are common).
+#: A short generated run (deadlines are common: attempts end expired in most examples).
 LEASED_RUN = Options(examples=40, steps=30, derandomize=True)
 
 
+#: A one-off envelope with a Retry policy and a periodic one with on_failure, both
+#: hanging until their deadline: with ``LeasedTimeouts`` each attempt ends expired.
+SCRIPT: list[dict[str, Any]] = [
+    {"cmd": "queue", "workers": 2, "capacity": 0, "stop_mode": "drain", "wait": True},
+    {"cmd": "define", "env": "e1", "spec": {"deadline": 5, "policy": "retry", "then": "hang"}},
+    {
+        "cmd": "define",
+        "env": "e2",
+        "spec": {"interval": 10, "deadline": 5, "policy": "retry_after", "then": "hang"},
+    },
+    {"cmd": "start"},
+    {"cmd": "send", "envs": ["e1", "e2"]},
+    {"cmd": "advance", "seconds": 20},
+    {"cmd": "stats"},
+    {"cmd": "stop", "mode": None, "cancel": False, "wait": True, "limit": 100},
+    {"cmd": "terminate", "limit": 100},
+]
+
+
+def _replayed(cls: type[Session]) -> Harness:
+    harness = Harness(InProcessDriver(cls))
+    try:
+        replay(harness, SCRIPT)
+    finally:
+        harness.close()
+    return harness
+
+
 class TestThroughTheHarness:
-    def test_a_leased_port_conforms(self) -> None:
-        """Every check of a run (delays, hooks, causes, counts) holds for a port whose
-        expired leases end the attempts envq ends by a deadline."""
+    def test_a_leased_port_conforms_to_a_script(self) -> None:
+        """Every check (delays, hooks, causes, counts) holds, in both row groups, for a
+        port whose expired leases end the attempts envq ends by a deadline."""
+        harness = _replayed(LeasedTimeouts)
+        rows = harness.oracle.coverage.rows
+        assert rows["OUTCOMES[ONE_OFF,EXPIRED]"] == 3  # the Retry policy's three attempts
+        assert rows["OUTCOMES[PERIODIC,EXPIRED]"] >= 2
+        assert "OUTCOMES[ONE_OFF,TIMEOUT]" not in rows
+        assert harness.oracle.tracks["e1"].state is ES.FAILED
+
+    def test_an_undeclared_expiry_is_a_violation(self) -> None:
+        with pytest.raises(Violation, match="the port has no leases"):
+            _replayed(Undeclared)
+
+    def test_a_leased_port_conforms_to_generated_runs(self) -> None:
+        """The same port through generated runs: no finding, and attempts ended
+        expired rather than by a timeout."""
         result = run(lambda: InProcessDriver(LeasedTimeouts), LEASED_RUN)
         assert result.error is None, result.error
         assert result.findings == []
-        assert result.coverage.rows.get("OUTCOMES[ONE_OFF,EXPIRED]", 0) > 0
-        assert result.coverage.rows.get("OUTCOMES[PERIODIC,EXPIRED]", 0) > 0
-        assert result.coverage.rows.get("OUTCOMES[ONE_OFF,TIMEOUT]", 0) == 0
-
-    def test_an_undeclared_expiry_is_a_violation(self) -> None:
-        result = run(lambda: InProcessDriver(Undeclared), LEASED_RUN)
-        assert not result.passed
-        assert any("the port has no leases" in f.message for f in result.findings)
+        reached = result.coverage.rows
+        assert sum(n for row, n in reached.items() if "EXPIRED]" in row) > 0
+        assert not any("TIMEOUT]" in row and row.startswith("OUTCOMES") for row in reached)
 
     def test_expired_rows_need_leases_in_the_report(self) -> None:
         """For a port without leases the EXPIRED rows are not applicable, whatever
