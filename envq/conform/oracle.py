@@ -6,8 +6,9 @@ call, every call's result — and checks each against the contract:
 
 * each envelope move is a transition of :class:`envq.model.EnvelopeModel` and goes to
   the one state the model allows in its situation (:func:`model_target`), the attempt's
-  outcome is the one its scripted plan, its deadline or its cancel makes, and the hook
-  calls, delays and causes are the ones the contract says;
+  outcome is the one its scripted plan, its deadline or its cancel makes (or EXPIRED,
+  at any point, from a port that declared ``leases``: decided as a TIMEOUT is), and the
+  hook calls, delays and causes are the ones the contract says;
 * each queue move is a transition of :class:`envq.model.LifecycleModel` caused by the
   call under way (or the stop draining);
 * each call answers as the lifecycle table says (its error, by name), a stop's report
