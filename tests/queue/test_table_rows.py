@@ -151,6 +151,34 @@ class TestOneOffRows:
         assert isinstance(w.cause(a), envq.MaxRetriesExceeded)
         await w.q.terminate()
 
+    @pytest.mark.parametrize(("step", "outcome"), FAILURES)
+    async def test_failure_retry_now_waits_for_the_limiter(
+        self, step: str, outcome: Outcome
+    ) -> None:
+        """(ONE_OFF, ERROR|TIMEOUT|EXPIRED) limited: a retry_now the queue's failure
+        limiter makes wait goes DELAYED for the limiter's delay (2 s, then 4 s)."""
+        w = World(limiter=envq.ExponentialBackoff(2, 100))
+        decisions = iter([envq.retry_now(), envq.retry_now()])
+        a = w.env("a", step, step, decisions=decisions, deadline=2)
+        w.q.start()
+        w.q.send(a)
+        await w.ended(a)
+        end = f"/{outcome.name}"
+        assert w.path(a) == [
+            "NEW>READY",
+            "READY>RUNNING",
+            "RUNNING>DELAYED" + end,
+            "DELAYED>READY",
+            "READY>RUNNING",
+            "RUNNING>DELAYED" + end,
+            "DELAYED>READY",
+            "READY>RUNNING",
+            "RUNNING>SUCCEEDED/OK",
+        ]
+        t = 2.0 if outcome is Outcome.TIMEOUT else 0.0
+        assert w.runs("a") == [0.0, t + 2, 2 * t + 6]
+        await w.q.terminate()
+
     async def test_no_retry_reports_and_fails(self) -> None:
         """(ONE_OFF, NO_RETRY) REPORT_FAILURE → FAILED: on_failure is told (attempt 1),
         its retry decision and the Retry policy are ignored."""
@@ -313,6 +341,19 @@ class TestPeriodicRows:
         assert w.runs("a") == [0.0, 10.0, 10 + t, 10 + 2 * t + 3]
         exc = CAUSE[outcome].__name__
         assert w.called() == [("success", "a")] + [("failure", "a", exc, n) for n in (1, 2, 3)]
+        await w.q.terminate()
+
+    @pytest.mark.parametrize(("step", "outcome"), FAILURES)
+    async def test_failure_waits_at_least_the_limiter(self, step: str, outcome: Outcome) -> None:
+        """(PERIODIC, ERROR|TIMEOUT|EXPIRED) limited: the next run after a failure waits
+        max(interval, the failure limiter's delay): 5, 5, then 8 s."""
+        w = World(limiter=envq.ExponentialBackoff(2, 100))
+        a = w.env("a", step, step, step, hooks=False, interval=5, deadline=2)
+        w.q.start()
+        w.q.send(a)
+        await advance(40)
+        t = 2.0 if outcome is Outcome.TIMEOUT else 0.0
+        assert w.runs("a")[:4] == [0.0, t + 5, 2 * t + 10, 3 * t + 18]
         await w.q.terminate()
 
     async def test_no_retry_reports_and_fails(self) -> None:
