@@ -17,8 +17,9 @@ event loop, timed with the loop's clock (so they follow virtual time in tests):
   queue yet, as a client-go item waiting in ``AddAfter`` is not;
 * *queue duration* is READY → RUNNING, *work duration* is RUNNING → the attempt's next
   state (the attempt, and its ``on_success``/``on_failure`` hook: client-go's ``Done``);
-* a *retry* is a failed attempt (ERROR, TIMEOUT) whose envelope is put back for another
-  run (READY, DELAYED, or PARKED because the queue is stopping);
+* a *retry* is a failed attempt (ERROR, TIMEOUT, EXPIRED: the outcomes whose rows put
+  an envelope back as a failure retry) whose envelope is put back for another run
+  (READY, DELAYED, or PARKED because the queue is stopping);
 * ``depth``, the in-flight gauges and envq's own metrics are computed at scrape time
   from ``Queue.statistics()`` and the attempts in flight.
 
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 
 from envq import _checks
 from envq._envelope import Envelope
-from envq._machine import LIVE_STATES, TERMINAL_STATES, EnvState, Outcome, QueueState
+from envq._machine import LIVE_STATES, OUTCOMES, TERMINAL_STATES, EnvState, Outcome, QueueState
 from envq._reports import Event
 from envq._values import Statistics
 
@@ -78,7 +79,8 @@ _INSTALL: Final = (
 
 _READY: Final = EnvState.READY
 _RUNNING: Final = EnvState.RUNNING
-_FAILED_OUTCOMES: Final = frozenset({Outcome.ERROR, Outcome.TIMEOUT})
+#: The outcomes whose move back into the queue is a failure retry (``limited`` rows).
+_FAILED_OUTCOMES: Final = frozenset(o for (_, o), row in OUTCOMES.items() if row.limited)
 _PUT_BACK: Final = frozenset({EnvState.READY, EnvState.DELAYED, EnvState.PARKED})
 #: Envelope states by kind, in the order of :class:`envq.EnvState` (metric label order).
 _LIVE: Final = tuple(state for state in EnvState if state in LIVE_STATES)

@@ -38,7 +38,9 @@ def otel_stamp(tracer: Tracer | None = None) -> Stamp:
     :func:`envq.logging_stamp` tells it). The status follows the outcome: ``OK`` for
     ``ok``; ``ERROR`` with the exception recorded for ``error``, ``timeout`` and
     ``no_retry``; left unset for ``stop``, ``stop_type`` and ``cancelled``, which are
-    not failures.
+    not failures. (``expired``, an attempt whose lease expired, is a failure too, but
+    the stamp, inside the attempt, never tells it: another process finds the lease
+    expired.)
 
     ``tracer`` defaults to ``opentelemetry.trace.get_tracer("envq")`` (the global
     tracer provider, a no-op until the application installs an SDK). Raises

@@ -20,8 +20,11 @@ from envq._queue import current_attempt
 
 __all__ = ["attempt_number", "attempt_outcome", "logging_stamp", "queue_name_of"]
 
-#: Outcomes a stamp reports as failures (the span status ERROR, a failed log record).
-FAILURES: Final = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.NO_RETRY})
+#: Outcomes a stamp reports as failures (the span status ERROR, a failed log record):
+#: those whose rows decide a failure or report one. EXPIRED is among them, though a
+#: stamp never tells it: it runs inside the attempt, and the lease of an attempt is
+#: found expired by another process.
+FAILURES: Final = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.EXPIRED, Outcome.NO_RETRY})
 
 
 def queue_name_of(env: Envelope) -> str:

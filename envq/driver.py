@@ -32,6 +32,7 @@ from envq.conform.protocol import (
     HANG_RELEASES,
     LONG_SECONDS,
     PROTOCOL,
+    SHARED_STORE_FEATURES,
     SLOW_SECONDS,
     EnvSpec,
     Plan,
@@ -346,7 +347,7 @@ class Session:
             "version": envq.__version__,
             "protocol": PROTOCOL,
             "clock": self.clock,
-            "features": sorted(FEATURES),
+            "features": sorted(FEATURES.keys() - SHARED_STORE_FEATURES),
             "divergences": [],
         }
 

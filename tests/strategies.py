@@ -26,6 +26,7 @@ from envq.conform.protocol import (
     FEATURES,
     HANG_RELEASES,
     LONG_SECONDS,
+    SHARED_STORE_FEATURES,
     SLOW_SECONDS,
     EnvSpec,
     Plan,
@@ -55,8 +56,9 @@ __all__ = [
     "stop_calls",
 ]
 
-#: A port on a virtual clock with every optional feature: what envq itself is.
-_ENVQ = Profile(features=frozenset(FEATURES))
+#: A port on a virtual clock with every optional feature an in-process queue can have:
+#: what envq itself is.
+_ENVQ = Profile(features=frozenset(FEATURES) - SHARED_STORE_FEATURES)
 
 # Strategies are built once: a strategy object made afresh on every draw costs
 # Hypothesis a validation each time, which dominated the stateful test's run time.

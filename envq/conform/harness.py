@@ -259,6 +259,7 @@ class Harness:
         answer = response.get("result") or {}
         declared = features if features is not None else answer.get("features", [])
         self.features = frozenset(declared)
+        self.oracle.leases = self.has("leases")
 
     # -- plumbing ---------------------------------------------------------------------
 

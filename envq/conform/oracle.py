@@ -6,8 +6,9 @@ call, every call's result — and checks each against the contract:
 
 * each envelope move is a transition of :class:`envq.model.EnvelopeModel` and goes to
   the one state the model allows in its situation (:func:`model_target`), the attempt's
-  outcome is the one its scripted plan, its deadline or its cancel makes, and the hook
-  calls, delays and causes are the ones the contract says;
+  outcome is the one its scripted plan, its deadline or its cancel makes (or EXPIRED,
+  at any point, from a port that declared ``leases``: decided as a TIMEOUT is), and the
+  hook calls, delays and causes are the ones the contract says;
 * each queue move is a transition of :class:`envq.model.LifecycleModel` caused by the
   call under way (or the stop draining);
 * each call answers as the lifecycle table says (its error, by name), a stop's report
@@ -64,6 +65,7 @@ from envq._machine import (
 from envq._schedule import CRON_SLACK
 from envq.conform.protocol import (
     ERRORS,
+    EXPIRED_CAUSE,
     LONG_SECONDS,
     SLOW_SECONDS,
     EnvSpec,
@@ -276,7 +278,7 @@ def expected_target(
     cause: str | None = None
     delay = 0.0
     check_cause = not blacklisted
-    error = {O.ERROR: "error", O.TIMEOUT: "timeout"}.get(outcome)
+    error = {O.ERROR: "error", O.TIMEOUT: "timeout", O.EXPIRED: EXPIRED_CAUSE}.get(outcome)
     if blacklisted:
         pass
     elif outcome is O.CANCELLED:
@@ -473,10 +475,13 @@ class Oracle:
     """The contract's model of one port's queue, checked against what the driver says.
 
     :param tolerance: model seconds any timing check allows (0 on a virtual clock).
+    :param leases: whether the port declared ``leases``: an attempt of it may end
+        EXPIRED (another of its processes reaped the attempt), whatever its plan.
     """
 
-    def __init__(self, tolerance: float = 1e-6) -> None:
+    def __init__(self, tolerance: float = 1e-6, *, leases: bool = False) -> None:
         self.tolerance = tolerance
+        self.leases = leases
         self.coverage = Coverage()
         self.tracks: dict[str, Track] = {}
         self.config = QueueConfig()
@@ -770,13 +775,9 @@ class Oracle:
         elif to is ES.PARKED:
             t.remaining = max(0.0, delay)
 
-    def _outcome_event(
-        self, t: Track, outcome: Outcome, to: EnvState, cause: object, now: float
-    ) -> None:
-        att = t.attempt
-        _check(att is not None, "I3", f"{t.name}: an attempt ended that never started")
-        assert att is not None
-        blacklisted = bool(t.spec.type) and t.spec.type in self.blacklist
+    def _planned_outcome(self, t: Track, att: AttemptLog, now: float) -> Outcome:
+        """The outcome the attempt's plan, deadline or cancel makes (a StopType it
+        carried out bans the type)."""
         want = expected_outcome(
             t.spec,
             att.final,
@@ -795,8 +796,30 @@ class Oracle:
             )
         if want is O.STOP_TYPE and t.spec.type:
             self.blacklist.add(t.spec.type)
+        return want
+
+    def _outcome_event(
+        self, t: Track, outcome: Outcome, to: EnvState, cause: object, now: float
+    ) -> None:
+        att = t.attempt
+        _check(att is not None, "I3", f"{t.name}: an attempt ended that never started")
+        assert att is not None
+        blacklisted = bool(t.spec.type) and t.spec.type in self.blacklist
         kind = "BLACKLISTED" if blacklisted else "PERIODIC" if t.spec.periodic else "ONE_OFF"
         row = f"OUTCOMES[{kind},{outcome.name}]"
+        if outcome is O.EXPIRED:
+            # No plan makes a lease expire: a port whose store several processes share
+            # reports it when another process reaps the attempt, at any point of its
+            # plan. It is decided like a TIMEOUT (expected_target).
+            _check(
+                self.leases,
+                "I7",
+                f"{t.name}: attempt ({att.plan.value}) ended EXPIRED; the port has no leases",
+                row,
+            )
+            want = O.EXPIRED
+        else:
+            want = self._planned_outcome(t, att, now)
         self.coverage.row(row)
         _check(
             outcome is want,

@@ -22,10 +22,12 @@ import attrs
 __all__ = [
     "CAUSES",
     "ERRORS",
+    "EXPIRED_CAUSE",
     "FEATURES",
     "HANG_RELEASES",
     "LONG_SECONDS",
     "PROTOCOL",
+    "SHARED_STORE_FEATURES",
     "SLOW_SECONDS",
     "EnvSpec",
     "Plan",
@@ -66,7 +68,15 @@ FEATURES: Final[Mapping[str, str]] = {
     "stop_type": "StopType blacklists the envelope's type",
     "dedup": "re-sending a live envelope is deduplicated",
     "foreign": "an envelope live in a second queue is refused",
+    "leases": "an attempt holds a lease; another process reaps it when it expires (expired)",
 }
+
+#: The features only a queue whose store several processes share can have. An
+#: in-process port (envq's reference driver, envq's own stateful tests) declares every
+#: feature but these. The harness generates nothing for them: no plan makes a lease
+#: expire, so an ``expired`` outcome is never scripted, only reported by a port that
+#: declares ``leases`` (another of its processes reaped the attempt).
+SHARED_STORE_FEATURES: Final[frozenset[str]] = frozenset({"leases"})
 
 
 #: The protocol's names for what a call raises (language-neutral; envq's class names
@@ -83,7 +93,8 @@ ERRORS: Final[Mapping[str, str]] = {
 
 #: The protocol's names for the cause of an envelope's move and the error on_failure
 #: sees (envq's class names on the left): the planned error, the deadline, a cancel,
-#: the control signals, retries used up.
+#: the control signals, retries used up. A port with ``leases`` names the cause of an
+#: attempt whose lease expired :data:`EXPIRED_CAUSE`.
 CAUSES: Final[Mapping[str, str]] = {
     "RuntimeError": "error",
     "TimeoutError": "timeout",
@@ -93,6 +104,9 @@ CAUSES: Final[Mapping[str, str]] = {
     "DoNotRetry": "no_retry",
     "MaxRetriesExceeded": "max_retries",
 }
+#: The cause of the move that ends an attempt whose lease expired, and the error
+#: on_failure sees then (a port that declares ``leases``).
+EXPIRED_CAUSE: Final = "expired"
 
 
 class Plan(enum.Enum):

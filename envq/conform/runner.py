@@ -409,6 +409,8 @@ def audit(
 #: Which feature a table row needs (a row a port cannot reach is "not applicable").
 def _needs(row: str) -> str | None:
     rules = (
+        # first: an EXPIRED row needs leases whatever its row group
+        ("EXPIRED", "leases"),
         ("PERIODIC", "periodic"),
         ("STOP_TYPE", "stop_type"),
         ("NO_RETRY", "no_retry"),

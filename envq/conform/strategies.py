@@ -7,7 +7,10 @@ differences are exact in binary floating point, so the oracle predicts the times
 port computes without tolerance games on a virtual clock.
 
 A :class:`Profile` narrows the strategies to what a port declared it supports, and for
-a port on the real clock keeps attempts and waits short.
+a port on the real clock keeps attempts and waits short. Nothing is generated for the
+features of a store several processes share (``SHARED_STORE_FEATURES``): no plan makes
+an attempt's lease expire, so an ``expired`` outcome is never asked for, only checked
+when a port that declares ``leases`` reports it.
 """
 
 from __future__ import annotations

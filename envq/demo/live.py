@@ -130,7 +130,12 @@ class LiveOutput(Output):
                 states.add_row(state.name.lower(), Text(str(count), style="bold" if count else ""))
         outcomes = table("outcomes", "outcome")
         for outcome, count in stats.outcomes.items():
-            colour = {Outcome.OK: "green", Outcome.ERROR: "red", Outcome.TIMEOUT: "yellow"}
+            colour = {
+                Outcome.OK: "green",
+                Outcome.ERROR: "red",
+                Outcome.TIMEOUT: "yellow",
+                Outcome.EXPIRED: "yellow",
+            }
             outcomes.add_row(outcome.value, Text(str(count), style=colour.get(outcome, "")))
         flow = table("throughput", "")
         flow.add_row("attempts/s", f"{self.rate():.1f}")

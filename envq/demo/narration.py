@@ -18,6 +18,9 @@ from envq.demo.workload import Collector, Mail
 
 __all__ = ["Narrator", "Tally"]
 
+#: The failures the Retry policy decides: their next delay is its backoff.
+_FAILED = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.EXPIRED})
+
 
 @dataclass
 class _Track:
@@ -57,7 +60,7 @@ class Narrator:
             return 0.0
         if env.periodic:
             return env.interval
-        if outcome in (Outcome.ERROR, Outcome.TIMEOUT) and env.retry is not None:
+        if outcome in _FAILED and env.retry is not None:
             return env.retry.delay(attempt)
         return 0.0
 
@@ -129,13 +132,15 @@ class Narrator:
             case Outcome.TIMEOUT if env.periodic:
                 col = env.payload
                 what = f"run {col.runs} TIMEOUT: overran its {env.deadline:g}s deadline"
-            case Outcome.ERROR | Outcome.TIMEOUT if isinstance(ev.cause, envq.MaxRetriesExceeded):
+            case _ if outcome in _FAILED and isinstance(ev.cause, envq.MaxRetriesExceeded):
                 what = (
                     f"gave up after {tr.attempts} attempts: MaxRetriesExceeded"
                     f" (last error: {ev.cause.__cause__})"
                 )
             case Outcome.ERROR | Outcome.TIMEOUT:
                 what = f"error: {ev.cause} (attempt {tr.attempts})"
+            case Outcome.EXPIRED:
+                what = f"lease expired before the attempt ended (attempt {tr.attempts})"
             case Outcome.NO_RETRY:
                 what = f"no retry: {error_text(ev.cause)}"
             case Outcome.STOP_TYPE:

@@ -125,6 +125,15 @@ class EnvelopeModel(StateMachine):
         | s.RUNNING.to(s.PARKED, cond="requeues", unless="queue_running")
         | s.RUNNING.to(s.STOPPED, cond="is_blacklisted")
     )
+    #: EXPIRED — as TIMEOUT: the attempt's lease expired before it ended (only a store
+    #: shared by several processes produces it; another node reaps the attempt).
+    attempt_expired = (
+        s.RUNNING.to(s.FAILED, cond="drops")
+        | s.RUNNING.to(s.READY, cond=["retries_now", "queue_running"], unless="limiter_waits")
+        | s.RUNNING.to(s.DELAYED, cond=["waits_to_retry", "queue_running"])
+        | s.RUNNING.to(s.PARKED, cond="requeues", unless="queue_running")
+        | s.RUNNING.to(s.STOPPED, cond="is_blacklisted")
+    )
     #: STOP — no reschedule, ever.
     attempt_stop = s.RUNNING.to(s.STOPPED)
     #: STOP_TYPE — as STOP (and the type is blacklisted: the ``blacklist`` event).

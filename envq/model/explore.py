@@ -4,8 +4,10 @@ An abstract queue — its lifecycle state, the stop under way, the blacklisted t
 ``capacity_used`` — holds a few envelopes with abstract states. Every operation a
 user or the clock can perform is an edge: ``start``, ``stop(mode, cancel)``,
 ``terminate``, ``send(batch)``, ``dispatch(e)``, ``due(e)``, the end of ``e``'s attempt
-with each outcome (and, for failures, each decision), and the internal ``drained`` and
-``abandon`` (a worker cancelled from outside). A breadth-first search with
+with each outcome (and, for an outcome whose row asks for a failure decision, each
+decision; ``EXPIRED`` too: only a store shared by several processes produces it, but
+its rows are table rows like any other), and the internal ``drained`` and ``abandon``
+(a worker cancelled from outside). A breadth-first search with
 memoisation on the abstract state visits every state reachable within a bounded number
 of operations and checks the invariants of :mod:`envq.model.invariants` at every state
 and on every edge.
@@ -420,6 +422,8 @@ _MODEL_LIFE: Final = lifecycle_moves()
 _STOPS: Final = ((StopMode.DRAIN, False), (StopMode.STOP, False), (StopMode.STOP, True))
 #: The failure decisions an attempt's end may take, and whether the limiter asks the
 #: retry to wait (only a retry can be limited).
+#: The actions that ask for a failure decision (``on_failure``, the ``Retry`` policy).
+_DECIDING: Final = frozenset({Action.DECIDE, Action.DECIDE_PERIODIC})
 _DECISIONS: Final = (
     *((d, False) for d in (None, *DecisionKind)),
     *((d, True) for d in (DecisionKind.RETRY_NOW, DecisionKind.RETRY_AFTER)),
@@ -434,6 +438,9 @@ def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]
 
     n = len(world.envs)
     armed = tuple(dict.fromkeys(tables.armed.values()))
+    # the outcomes a failure decision settles: those with a deciding row in the tables
+    # explored (ERROR, TIMEOUT and EXPIRED in the real ones)
+    decided = {o for (_, o), r in tables.outcomes.items() if r.action in _DECIDING}
     # start()
     row = tables.lifecycle.get((world.queue, QueueCall.START))
     arms = sum(e.state in _ARMABLE for e in world.envs)
@@ -503,8 +510,7 @@ def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]
             for outcome in Outcome:
                 if outcome is Outcome.CANCELLED and env.cancel is None:
                     continue
-                failed = outcome in (Outcome.ERROR, Outcome.TIMEOUT)
-                for decision, limited in _DECISIONS if failed else ((None, False),):
+                for decision, limited in _DECISIONS if outcome in decided else ((None, False),):
                     how = f", {decision.name}" if decision is not None else ""
                     how += ", limited" if limited else ""
                     s = step(f"end(e{i}, {outcome.name}{how})")

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 import envq
+import envq._attempt
 from envq import EnvState, Outcome, QueueState, StopMode
 from tests.support import Recorder, now
 
@@ -26,6 +27,19 @@ MAX_RUNS = 20
 
 #: What an attempt does: a name, or ("sleep", seconds, then) / ("wait", event, then).
 Step = Any
+
+
+class LeaseExpired(Exception):
+    """The ``"expired"`` step: told EXPIRED under :func:`tell_expired`."""
+
+
+def tell_expired(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the engine tell a :class:`LeaseExpired` attempt EXPIRED, as a store shared
+    by several processes tells an attempt whose lease expired. One process has no
+    lease, so nothing else makes the outcome; with this stand-in the rows of EXPIRED
+    are run by the same outcome interpreter as every other row."""
+    signals = (*envq._attempt._SIGNALS, (LeaseExpired, Outcome.EXPIRED))
+    monkeypatch.setattr(envq._attempt, "_SIGNALS", signals)
 
 
 async def within(aw: Awaitable[T], seconds: float = PATIENCE) -> T:
@@ -61,6 +75,8 @@ async def perform(step: Step) -> None:
             raise envq.StopType()
         case "no_retry":
             raise envq.DoNotRetry()
+        case "expired":  # EXPIRED under tell_expired
+            raise LeaseExpired()
         case _:
             raise AssertionError(f"unknown step {step!r}")
 

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import envq
 from envq import _metrics
+from tests.queue.rows import LeaseExpired, tell_expired
 
 BUCKETS = ["1e-08", "1e-07", "1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1", "1.0", "10.0"]
 
@@ -209,6 +210,26 @@ class TestWorkqueueMetrics:
         await asyncio.sleep(15)
         fams = scrape_registry(registry)
         assert value(fams, "workqueue_retries_total", name="r") == 2 + 1
+        await q.terminate()
+
+    async def test_an_expired_lease_put_back_is_a_retry(
+        self, registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An attempt whose lease expired is a failure: put back by the Retry policy,
+        it counts as a retry, as an error does."""
+        tell_expired(monkeypatch)
+
+        async def expires(env: envq.Envelope) -> None:
+            raise LeaseExpired
+
+        q = envq.Queue("x", workers=1)
+        envq.prometheus_metrics(q, registry)
+        q.start()
+        q.send(envq.Envelope(invoke=expires, id=1, retry=envq.Retry(attempts=3, jitter=False)))
+        await asyncio.sleep(15)
+        assert q.statistics().outcomes[envq.Outcome.EXPIRED] == 3
+        fams = scrape_registry(registry)
+        assert value(fams, "workqueue_retries_total", name="x") == 2
         await q.terminate()
 
     async def test_attached_while_running(self, registry: CollectorRegistry) -> None:

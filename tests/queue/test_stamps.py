@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 import envq
+from envq import _stamps
+from envq._machine import OUTCOMES, Action, Kind
 
 FIELDS = (
     "envq_queue",
@@ -203,3 +205,14 @@ class TestQuietByDefault:
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == ""
         assert proc.stderr == ""
+
+
+def test_failures_are_the_outcomes_the_tables_treat_as_failures() -> None:
+    """What a stamp reports as a failure: every outcome whose one-off row decides a
+    failure or reports one (EXPIRED included, though a stamp never tells it)."""
+    failing = {Action.DECIDE, Action.REPORT_FAILURE}
+    expected = {
+        o for (k, o), row in OUTCOMES.items() if k is Kind.ONE_OFF and row.action in failing
+    }
+    assert expected >= {envq.Outcome.ERROR, envq.Outcome.EXPIRED}
+    assert expected == _stamps.FAILURES

@@ -20,20 +20,37 @@ from tests.queue.rows import (
     DRAIN,
     ES,
     STOP,
+    LeaseExpired,
     World,
     advance,
     reject_type,
+    tell_expired,
     within,
 )
 from tests.support import now, settle
 
-pytestmark = pytest.mark.usefixtures("no_internal_errors")
+pytestmark = pytest.mark.usefixtures("no_internal_errors", "expired_told")
+
+
+@pytest.fixture
+def expired_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``"expired"`` step ends its attempt EXPIRED (``rows.tell_expired``)."""
+    tell_expired(monkeypatch)
+
 
 # ---------------------------------------------------------------------------------------
 # OUTCOMES: every (kind, outcome) row, with hooks and a retry policy that must (not) act
 # ---------------------------------------------------------------------------------------
 
-FAILURES = [("error", Outcome.ERROR), ("hang", Outcome.TIMEOUT)]
+#: The failures whose rows decide (``hang`` times out at the deadline; ``expired``
+#: stands for a lease another process found expired).
+FAILURES = [("error", Outcome.ERROR), ("hang", Outcome.TIMEOUT), ("expired", Outcome.EXPIRED)]
+#: The error each failure step ends its attempt with, as on_failure and the events see it.
+CAUSE: dict[Outcome, type[BaseException]] = {
+    Outcome.ERROR: ValueError,
+    Outcome.TIMEOUT: TimeoutError,
+    Outcome.EXPIRED: LeaseExpired,
+}
 RETRY = envq.Retry(attempts=3, base=2, jitter=False)
 
 
@@ -57,7 +74,7 @@ class TestOneOffRows:
 
     @pytest.mark.parametrize(("step", "outcome"), FAILURES)
     async def test_failure_without_hook_or_policy_fails(self, step: str, outcome: Outcome) -> None:
-        """(ONE_OFF, ERROR|TIMEOUT) DECIDE → FAILED: no decision, no policy: dropped."""
+        """(ONE_OFF, ERROR|TIMEOUT|EXPIRED) DECIDE → FAILED: no decision, no policy: dropped."""
         w = World()
         a = w.env("a", step, hooks=False, deadline=2)
         w.q.start()
@@ -68,7 +85,7 @@ class TestOneOffRows:
         assert w.runs("a") == [0.0]
         assert w.by_state() == {ES.FAILED: 1}
         timeout = outcome is Outcome.TIMEOUT
-        assert isinstance(w.cause(a), TimeoutError if timeout else ValueError)
+        assert isinstance(w.cause(a), CAUSE[outcome])
         # A timeout ends the attempt at its deadline.
         assert w.timed(a)[-1][1] == (2.0 if timeout else 0.0)
         assert w.outcomes() == {outcome: 1}
@@ -80,7 +97,7 @@ class TestOneOffRows:
 
     @pytest.mark.parametrize(("step", "outcome"), FAILURES)
     async def test_failure_asks_on_failure(self, step: str, outcome: Outcome) -> None:
-        """(ONE_OFF, ERROR|TIMEOUT) DECIDE: on_failure's decisions (retry_now → READY,
+        """(ONE_OFF, ERROR|TIMEOUT|EXPIRED) DECIDE: on_failure's decisions (retry_now → READY,
         retry_after → DELAYED, drop → FAILED) win over the Retry policy; attempt numbers
         count every attempt."""
         w = World()
@@ -103,14 +120,14 @@ class TestOneOffRows:
         ]
         t = 2.0 if outcome is Outcome.TIMEOUT else 0.0
         assert w.runs("a") == [0.0, t, 2 * t + 7]
-        exc = "TimeoutError" if outcome is Outcome.TIMEOUT else "ValueError"
+        exc = CAUSE[outcome].__name__
         assert w.called() == [("failure", "a", exc, n) for n in (1, 2, 3)]
         assert w.by_state() == {ES.FAILED: 1}
         await w.q.terminate()
 
     @pytest.mark.parametrize(("step", "outcome"), FAILURES)
     async def test_failure_follows_the_retry_policy(self, step: str, outcome: Outcome) -> None:
-        """(ONE_OFF, ERROR|TIMEOUT) DECIDE without on_failure: the Retry policy
+        """(ONE_OFF, ERROR|TIMEOUT|EXPIRED) DECIDE without on_failure: the Retry policy
         (retry_after its backoff) until exhausted, then FAILED with MaxRetriesExceeded."""
         w = World()
         a = w.env("a", step, step, step, hooks=False, deadline=2, retry=RETRY)
@@ -132,6 +149,34 @@ class TestOneOffRows:
         t = 2.0 if outcome is Outcome.TIMEOUT else 0.0
         assert w.runs("a") == [0.0, t + 2, 2 * t + 6]
         assert isinstance(w.cause(a), envq.MaxRetriesExceeded)
+        await w.q.terminate()
+
+    @pytest.mark.parametrize(("step", "outcome"), FAILURES)
+    async def test_failure_retry_now_waits_for_the_limiter(
+        self, step: str, outcome: Outcome
+    ) -> None:
+        """(ONE_OFF, ERROR|TIMEOUT|EXPIRED) limited: a retry_now the queue's failure
+        limiter makes wait goes DELAYED for the limiter's delay (2 s, then 4 s)."""
+        w = World(limiter=envq.ExponentialBackoff(2, 100))
+        decisions = iter([envq.retry_now(), envq.retry_now()])
+        a = w.env("a", step, step, decisions=decisions, deadline=2)
+        w.q.start()
+        w.q.send(a)
+        await w.ended(a)
+        end = f"/{outcome.name}"
+        assert w.path(a) == [
+            "NEW>READY",
+            "READY>RUNNING",
+            "RUNNING>DELAYED" + end,
+            "DELAYED>READY",
+            "READY>RUNNING",
+            "RUNNING>DELAYED" + end,
+            "DELAYED>READY",
+            "READY>RUNNING",
+            "RUNNING>SUCCEEDED/OK",
+        ]
+        t = 2.0 if outcome is Outcome.TIMEOUT else 0.0
+        assert w.runs("a") == [0.0, t + 2, 2 * t + 6]
         await w.q.terminate()
 
     async def test_no_retry_reports_and_fails(self) -> None:
@@ -246,7 +291,7 @@ class TestPeriodicRows:
     async def test_failure_without_hook_waits_an_interval(
         self, step: str, outcome: Outcome
     ) -> None:
-        """(PERIODIC, ERROR|TIMEOUT) DECIDE_PERIODIC without on_failure → DELAYED by the
+        """(PERIODIC, ERROR|TIMEOUT|EXPIRED) DECIDE_PERIODIC without on_failure → DELAYED by the
         interval (a Retry policy plays no part)."""
         w = World()
         a = w.env("a", step, step, hooks=False, interval=10, deadline=2, retry=RETRY)
@@ -262,7 +307,7 @@ class TestPeriodicRows:
             "DELAYED>READY",
         ]
         ends = w.attempt_ends(a)
-        assert isinstance(ends[0].cause, TimeoutError if t else ValueError)
+        assert isinstance(ends[0].cause, CAUSE[outcome])
         # A timeout ends the attempt at its deadline; it never fails the envelope.
         assert [e.time for e in ends[:2]] == [t, 2 * t + 10]
         assert ES.FAILED not in w.by_state()
@@ -270,7 +315,7 @@ class TestPeriodicRows:
 
     @pytest.mark.parametrize(("step", "outcome"), FAILURES)
     async def test_failure_asks_on_failure(self, step: str, outcome: Outcome) -> None:
-        """(PERIODIC, ERROR|TIMEOUT) DECIDE_PERIODIC: on_failure decides; its attempt
+        """(PERIODIC, ERROR|TIMEOUT|EXPIRED) DECIDE_PERIODIC: on_failure decides; its attempt
         number counts the failures since the last success."""
         w = World()
         decisions = iter([envq.retry_now(), envq.retry_after(3), envq.drop()])
@@ -294,8 +339,21 @@ class TestPeriodicRows:
         ]
         t = 2.0 if outcome is Outcome.TIMEOUT else 0.0
         assert w.runs("a") == [0.0, 10.0, 10 + t, 10 + 2 * t + 3]
-        exc = "TimeoutError" if outcome is Outcome.TIMEOUT else "ValueError"
+        exc = CAUSE[outcome].__name__
         assert w.called() == [("success", "a")] + [("failure", "a", exc, n) for n in (1, 2, 3)]
+        await w.q.terminate()
+
+    @pytest.mark.parametrize(("step", "outcome"), FAILURES)
+    async def test_failure_waits_at_least_the_limiter(self, step: str, outcome: Outcome) -> None:
+        """(PERIODIC, ERROR|TIMEOUT|EXPIRED) limited: the next run after a failure waits
+        max(interval, the failure limiter's delay): 5, 5, then 8 s."""
+        w = World(limiter=envq.ExponentialBackoff(2, 100))
+        a = w.env("a", step, step, step, hooks=False, interval=5, deadline=2)
+        w.q.start()
+        w.q.send(a)
+        await advance(40)
+        t = 2.0 if outcome is Outcome.TIMEOUT else 0.0
+        assert w.runs("a")[:4] == [0.0, t + 5, 2 * t + 10, 3 * t + 18]
         await w.q.terminate()
 
     async def test_no_retry_reports_and_fails(self) -> None:
@@ -384,6 +442,7 @@ class TestBlacklistedRows:
             ("stop", Outcome.STOP),
             ("stop_type", Outcome.STOP_TYPE),
             ("no_retry", Outcome.NO_RETRY),
+            ("expired", Outcome.EXPIRED),
         ],
     )
     @pytest.mark.parametrize("interval", [0, 50])
@@ -514,7 +573,7 @@ class TestParkInstead:
         self, step: str, outcome: Outcome
     ) -> None:
         """PARK_INSTEAD[DELAYED] for a periodic run ending while STOPPING (OK, ERROR,
-        TIMEOUT): parked with the interval still to wait."""
+        TIMEOUT, EXPIRED): parked with the interval still to wait."""
         w = World(workers=1)
         a = w.env("a", ("sleep", 1, step), hooks=False, interval=10, deadline=2)
         w.q.start()

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import envq
 from envq.__main__ import main
 from envq.demo import DemoOptions, run_demo
 from envq.demo import run as demo_run
+from envq.demo.narration import Narrator
 from envq.demo.output import Output
 from envq.demo.scenario import Scenario
 from envq.demo.workload import Mail
@@ -397,3 +399,25 @@ def test_live_view_ctrl_c_prints_the_stop_report() -> None:
     assert "* interrupted (Ctrl-C): stop(mode=StopMode.STOP, cancel=True)" in tail
     assert "* stop report: complete=True" in tail
     assert "demo interrupted: queue stopped and terminated cleanly" in tail
+
+
+def test_narrator_tells_an_expired_lease() -> None:
+    """An attempt whose lease expired (only a store shared by several processes tells
+    it) is narrated as such, with the Retry policy's delay when it is retried."""
+    stream = io.StringIO()
+    narrator = Narrator(Output(stream))
+
+    async def invoke(env: envq.Envelope) -> None:
+        return None
+
+    env = envq.Envelope(invoke=invoke, id=7, type="email", retry=envq.Retry(base=2, jitter=False))
+    es = envq.EnvState
+    for t, frm, to, outcome in [
+        (0.0, es.NEW, es.READY, None),
+        (0.0, es.READY, es.RUNNING, None),
+        (3.0, es.RUNNING, es.DELAYED, envq.Outcome.EXPIRED),
+    ]:
+        narrator.on_event(envq.Event(t, "q", env, frm, to, outcome))
+    out = stream.getvalue()
+    assert re.search(r"email/7 +RUNNING -> DELAYED +lease expired before the attempt ended", out)
+    assert "(attempt 1), retry in 2.00s" in out
