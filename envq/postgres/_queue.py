@@ -35,8 +35,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, assert_never, cast
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, assert_never, cast
 
 from envq import _checks
 from envq._attempt import Runner, Threads, Worker
@@ -71,6 +71,9 @@ if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["CHANNEL", "PgQueue", "StoreUnavailable"]
+
+#: A pooled connection, as the pool lends it.
+_Conn: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
 
 #: A row of ``envq.envelopes`` as the driver returns it.
 Row = Any
@@ -136,6 +139,23 @@ SELECT envq.expire($1, $2, $3::envq.decision_kind,
 class StoreUnavailable(QueueNotRunning):
     """The database could not be reached, or the connection was lost mid-call; what the
     call would have changed is rolled back (a ``send`` admitted nothing)."""
+
+
+def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """The driver's errors of a session lost or not yet possible: the connection broke,
+    the server is shutting down, restarting or recovering, or the session was
+    terminated (``pg_terminate_backend``), or the driver lost track of a session cut in
+    the middle of a statement (``InternalClientError``). The statement may have
+    committed unheard of: a finish repeated after that is refused by the fence. ``more``:
+    other errors to catch with them."""
+    return (
+        OSError,
+        driver.InterfaceError,
+        driver.PostgresConnectionError,
+        driver.exceptions.OperatorInterventionError,
+        driver.exceptions.InternalClientError,
+        *more,
+    )
 
 
 def _node_name() -> str:
@@ -262,7 +282,10 @@ class PgQueue:
 
         try:
             self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=max(2, min(self.workers, 8) + 2)
+                self._dsn,
+                min_size=1,
+                max_size=max(2, min(self.workers, 8) + 2),
+                server_settings=self._session_settings(),
             )
         except (OSError, asyncpg.PostgresError) as error:
             raise StoreUnavailable(
@@ -271,6 +294,26 @@ class PgQueue:
         await self._pool.execute(
             "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
         )
+
+    def _session_settings(self) -> dict[str, str]:
+        """The settings of this node's sessions: their ``application_name`` names the
+        node (``envq:<node>``), so that an operator can find them in
+        ``pg_stat_activity``."""
+        return {"application_name": f"envq:{self.node}"}
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[_Conn]:
+        """A pooled connection for one step of the node; one whose session is lost is
+        thrown away, not put back: a session cut in the middle of a statement can look
+        open to the pool and fail every later statement."""
+        import asyncpg  # noqa: PLC0415
+
+        async with self._db().acquire() as conn:
+            try:
+                yield conn
+            except _lost(asyncpg):
+                conn.terminate()
+                raise
 
     async def close(self) -> None:
         """Leave: this node stops claiming, lets its attempts in flight end (their
@@ -394,6 +437,7 @@ class PgQueue:
             if state in SETTLED:
                 return state
             if state is QueueState.STOPPING:
+                await self._reap_unserved()
                 await self._try_drained()
             await self._sleep(min(self.poll, 0.2))
 
@@ -410,6 +454,7 @@ class PgQueue:
         until = None if timeout is None else loop.time() + timeout
         db = self._db()
         while True:
+            await self._reap_unserved()
             # An attempt reaped meanwhile is parked: hand it back too.
             await db.execute(
                 "SELECT envq.broadcast($1, $2::envq.envelope_event)",
@@ -429,6 +474,16 @@ class PgQueue:
         )
         rows = sorted(rows, key=lambda r: r["seq"])
         return [decode(r) for r in rows]
+
+    async def _reap_unserved(self) -> None:
+        """Reap expired leases while waiting for them, when this process runs no keeper
+        (a producer): with every node gone, nobody else would."""
+        if self._serving:
+            return
+        loop = asyncio.get_running_loop()
+        self._runner.bind(loop)
+        self._deadlines.bind(loop)
+        await self._reap(self._db())
 
     async def _try_drained(self) -> None:
         """A stop under way with nothing left to run or wait for ends (any node)."""
@@ -578,7 +633,9 @@ class PgQueue:
         self._runner.bind(loop)
         self._deadlines.bind(loop)
         try:
-            self._listener = await asyncpg.connect(self._dsn)
+            self._listener = await asyncpg.connect(
+                self._dsn, server_settings=self._session_settings()
+            )
             await self._listener.add_listener(CHANNEL, self._notified)
         except (OSError, asyncpg.PostgresError):
             self._listener = None  # polling only
@@ -600,7 +657,6 @@ class PgQueue:
         """Claim ready envelopes while there is room, and start their attempts."""
         import asyncpg  # noqa: PLC0415
 
-        db = self._db()
         backoff = 0.05
         while self._serving:
             free = self.workers - len(self._flights)
@@ -610,15 +666,16 @@ class PgQueue:
                 continue
             self._wake.clear()
             try:
-                rows = await db.fetch(
-                    "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
-                    self.name,
-                    self.node,
-                    free,
-                    self.lease,
-                )
+                async with self._session() as conn:
+                    rows = await conn.fetch(
+                        "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
+                        self.name,
+                        self.node,
+                        free,
+                        self.lease,
+                    )
                 backoff = 0.05
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            except _lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: claim failed (%s); retrying", self.name, error)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.poll)
@@ -638,44 +695,48 @@ class PgQueue:
         """Renew leases, move due envelopes, reap expired leases, follow the lifecycle."""
         import asyncpg  # noqa: PLC0415
 
-        db = self._db()
         period = min(self.lease / 3, self.poll)
         while True:
             try:
-                await self._renew(db)
-                moved = await db.fetchval("SELECT envq.due($1)", self.name)
-                if moved:
-                    self._wake.set()
-                await self._reap(db)
-                await self._follow(db)
+                async with self._session() as conn:
+                    await self._renew(conn)
+                    moved = await conn.fetchval("SELECT envq.due($1)", self.name)
+                    if moved:
+                        self._wake.set()
+                    await self._reap(conn)
+                    await self._follow(conn)
             except asyncio.CancelledError:
                 raise
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            except _lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: keeper round failed (%s)", self.name, error)
             except Exception:
                 log.exception("queue %r: keeper round failed", self.name)
             await asyncio.sleep(period)
 
-    async def _renew(self, db: asyncpg.Pool) -> None:
+    async def _renew(self, db: asyncpg.Pool | _Conn) -> None:
         if not self._flights:
             return
+        # Only the flights known before the statement: one claimed meanwhile may hold a
+        # lease the statement's snapshot did not see.
+        known = list(self._flights.values())
         held = {
             r[0]
             for r in await db.fetch(
                 "SELECT * FROM envq.renew($1, $2 * interval '1 second')", self.node, self.lease
             )
         }
-        for flight in list(self._flights.values()):
+        for flight in known:
             if flight.token not in held and not flight.lost:
-                # The lease expired: another node may reap it; stop the work.
+                # The lease expired: another node may reap it; stop the work (once the
+                # attempt's code is over, its finish is refused by the fence instead).
                 flight.lost = True
                 w = flight.worker
-                if w.task is not None and w.cancel_cause is None:
+                if w.task is not None and w.cancellable and w.cancel_cause is None:
                     w.cancel_cause = CancelCause.STOP
                     w.owed = 1
                     w.task.cancel()
 
-    async def _follow(self, db: asyncpg.Pool) -> None:
+    async def _follow(self, db: asyncpg.Pool | _Conn) -> None:
         found = await db.fetchrow(
             "SELECT state, cancel FROM envq.queues WHERE name = $1", self.name
         )
@@ -693,7 +754,7 @@ class PgQueue:
         if state is QueueState.STOPPING:
             await self._try_drained()
 
-    async def _reap(self, db: asyncpg.Pool) -> None:
+    async def _reap(self, db: asyncpg.Pool | _Conn) -> None:
         rows = await db.fetch(
             "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'running'"
             " AND lease_expires_at <= clock_timestamp() ORDER BY seq LIMIT 100",
@@ -789,9 +850,10 @@ class PgQueue:
         pause = 0.05
         while True:
             try:
-                ended = await self._db().fetchval(_FINISH, *args)
+                async with self._session() as conn:
+                    ended = await conn.fetchval(_FINISH, *args)
                 break
-            except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as error:
+            except _lost(asyncpg) as error:
                 # Lost the database: try again while the lease may still hold.
                 if time.monotonic() > deadline:
                     log.error("queue %r: could not end an attempt (%s)", self.name, error)
