@@ -312,7 +312,9 @@ class PgQueue:
             try:
                 yield conn
             except _lost(asyncpg):
-                conn.terminate()
+                # (One the driver saw close has gone back to the pool already.)
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    conn.terminate()
                 raise
 
     async def close(self) -> None:

@@ -472,3 +472,32 @@ async def test_stop_returns_when_every_node_is_dead(fault_dsn: str, cluster: Clu
         assert await prod.state() is envq.QueueState.STOPPED
     story = (await check_history(fault_dsn, q, ["slow"], ends=("parked",)))["slow"]
     assert [x.event for x in story.leases] == ["attempt_expired"]
+
+
+# -- renewal racing a claim (no server) ---------------------------------------------------
+
+
+async def test_a_flight_claimed_while_leases_are_renewed_is_not_taken_for_lost() -> None:
+    """The keeper's renewal and the pump's claim run on two sessions at once: a lease
+    claimed after the renewal's snapshot is not among the tokens it returns, and the
+    flight the pump registers meanwhile must not be taken for a lost lease (it would be
+    cancelled, and its envelope reaped although its lease holds)."""
+    import uuid  # noqa: PLC0415
+
+    from envq._attempt import Worker  # noqa: PLC0415
+    from envq.postgres._queue import PgQueue, _Flight  # noqa: PLC0415
+
+    q = PgQueue("postgresql://nowhere/none", "renewal", workers=2, node="n")
+    old = _Flight({"seq": 1, "lease_token": uuid.uuid4()}, Worker(0))
+    new = _Flight({"seq": 2, "lease_token": uuid.uuid4()}, Worker(0))
+    q._flights[1] = old
+
+    class Session:
+        async def fetch(self, sql: str, *args: object) -> list[tuple[uuid.UUID]]:
+            assert "envq.renew" in sql
+            q._flights[2] = new  # the claim's result arrives during the statement
+            return [(old.token,)]
+
+    await q._renew(Session())  # type: ignore[arg-type]
+    assert not old.lost
+    assert not new.lost
