@@ -627,24 +627,36 @@ class PgQueue:
     # -- the node ----------------------------------------------------------------------
 
     async def _serve(self) -> None:
-        import asyncpg  # noqa: PLC0415
-
         self._serving = True
         self._epoch += 1
         loop = asyncio.get_running_loop()
         self._runner.bind(loop)
         self._deadlines.bind(loop)
-        try:
-            self._listener = await asyncpg.connect(
-                self._dsn, server_settings=self._session_settings()
-            )
-            await self._listener.add_listener(CHANNEL, self._notified)
-        except (OSError, asyncpg.PostgresError):
-            self._listener = None  # polling only
+        await self._listen()
         self._tasks = [
             asyncio.create_task(self._pump(), name=f"envq-pg-pump-{self.name}"),
             asyncio.create_task(self._keep(), name=f"envq-pg-keeper-{self.name}"),
         ]
+
+    async def _listen(self) -> None:
+        """Open the session that listens for sends unless it is open (the keeper calls
+        this every round: a lost session is opened again); without it, the node
+        polls."""
+        import asyncpg  # noqa: PLC0415
+
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        self._listener = None
+        listener: asyncpg.Connection | None = None
+        try:
+            listener = await asyncpg.connect(self._dsn, server_settings=self._session_settings())
+            await listener.add_listener(CHANNEL, self._notified)
+        except _lost(asyncpg, asyncpg.PostgresError):
+            if listener is not None:
+                listener.terminate()
+            return
+        self._listener = listener
+        self._wake.set()  # a send may have come while nobody listened
 
     def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
         if payload == self.name:
@@ -700,6 +712,7 @@ class PgQueue:
         period = min(self.lease / 3, self.poll)
         while True:
             try:
+                await self._listen()
                 async with self._session() as conn:
                     await self._renew(conn)
                     moved = await conn.fetchval("SELECT envq.due($1)", self.name)

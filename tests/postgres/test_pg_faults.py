@@ -501,3 +501,38 @@ async def test_a_flight_claimed_while_leases_are_renewed_is_not_taken_for_lost()
     await q._renew(Session())  # type: ignore[arg-type]
     assert not old.lost
     assert not new.lost
+
+
+async def test_a_node_listens_again_after_its_sessions_are_terminated(
+    fault_dsn: str, cluster: Cluster
+) -> None:
+    """The session a node listens on for sends is terminated with the others: the node
+    opens it again, so an envelope sent afterwards wakes it (its poll is far longer
+    than this test waits for anything)."""
+    from fault_support import fetch, until  # noqa: PLC0415
+
+    q = "relisten"
+    async with producer(fault_dsn, q) as prod:
+        (a,) = cluster.start(q, ["a"], workers=1, poll=600.0)
+        await prod.send(job(q, "before"))
+        await until(lambda: ended(fault_dsn, q, 1, ("succeeded",)), "a first envelope")
+        assert await _terminate(fault_dsn, "a") > 0
+
+        async def listening() -> bool:
+            rows = await fetch(
+                fault_dsn,
+                "SELECT FROM pg_stat_activity WHERE application_name = 'envq:a'"
+                " AND query ILIKE 'LISTEN%'",
+            )
+            return bool(rows)
+
+        await until(listening, "the node to listen again", timeout=30, cluster=cluster)
+        await prod.send(job(q, "after"))
+        await until(
+            lambda: ended(fault_dsn, q, 2, ("succeeded",)),
+            "the envelope sent after the cut",
+            timeout=30,
+            cluster=cluster,
+        )
+    assert left_counts(a.leave())["finished"] == 2
+    no_crash(cluster)
