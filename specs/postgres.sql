@@ -317,6 +317,9 @@ CREATE TABLE envq.queues (
     stop_mode envq.stop_mode,
     -- The envelope types blacklisted in this queue (StopType).
     blacklist text[] NOT NULL DEFAULT '{}',
+    -- Who cancels the attempts in flight (a stop with cancel, terminate); NULL:
+    -- they run to their end. Every node cancels its own.
+    cancel envq.cancel_cause,
     -- The call a state-changing statement performs; cleared by the trigger.
     call envq.queue_call,
     created_at timestamptz NOT NULL DEFAULT now(),

@@ -451,7 +451,9 @@ class PgQueue:
         every envelope not ended is handed back — re-created from its row, once, to the
         caller. Waits for the attempts in flight to end (or their leases to expire)."""
         await self.connect()
-        await self._call(QueueCall.TERMINATE, cancel=CancelCause.TERMINATE)
+        # As the in-process queue: the stop before the hand-back parks the ready ones
+        # (a stop mode of DRAIN, or none yet, would leave them ready, never handed back).
+        await self._call(QueueCall.TERMINATE, StopMode.STOP, CancelCause.TERMINATE)
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
         db = self._db()

@@ -536,3 +536,21 @@ async def test_a_node_listens_again_after_its_sessions_are_terminated(
         )
     assert left_counts(a.leave())["finished"] == 2
     no_crash(cluster)
+
+
+async def test_terminate_returns_when_every_node_is_dead(fault_dsn: str, cluster: Cluster) -> None:
+    """``terminate()`` from a process that runs no workers, with the only node dead in
+    the middle of an attempt: it returns once the lease expired and hands back every
+    envelope, the one whose attempt was cut short included."""
+    from fault_support import states  # noqa: PLC0415
+
+    q = "terminate-alone"
+    async with producer(fault_dsn, q) as prod:
+        (a,) = cluster.start(q, ["a"], workers=1)
+        await prod.send(job(q, "slow", sleep=3.0), job(q, "waiting"))
+        await running_on(fault_dsn, q, "slow", cluster)
+        a.kill()
+        back = await asyncio.wait_for(prod.terminate(), 60)
+        assert await prod.state() is envq.QueueState.TERMINATED
+    assert sorted(e.id for e in back) == ["slow", "waiting"]
+    assert await states(fault_dsn, q) == {}
