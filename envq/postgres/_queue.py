@@ -641,9 +641,8 @@ class PgQueue:
         ]
 
     async def _listen(self) -> None:
-        """Open the session that listens for sends unless it is open (the keeper calls
-        this every round: a lost session is opened again); without it, the node
-        polls."""
+        """Open the session that listens for sends unless it is open (the keeper opens
+        a lost one again); without it, the node polls."""
         import asyncpg  # noqa: PLC0415
 
         if self._listener is not None and not self._listener.is_closed():
@@ -712,9 +711,15 @@ class PgQueue:
         import asyncpg  # noqa: PLC0415
 
         period = min(self.lease / 3, self.poll)
+        listening: list[asyncio.Task[None]] = []
         while True:
+            listener = self._listener
+            if (listener is None or listener.is_closed()) and all(t.done() for t in listening):
+                # In its own task: connecting may take long, renewals may not wait (and
+                # among the node's tasks, which close() cancels).
+                listening = [asyncio.create_task(self._listen())]
+                self._tasks += listening
             try:
-                await self._listen()
                 async with self._session() as conn:
                     await self._renew(conn)
                     moved = await conn.fetchval("SELECT envq.due($1)", self.name)
