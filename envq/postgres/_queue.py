@@ -35,8 +35,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, assert_never, cast
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, assert_never, cast
 
 import attrs
 
@@ -73,6 +73,9 @@ if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["CHANNEL", "PgQueue", "StoreUnavailable"]
+
+#: A pooled connection, as the pool lends it.
+_Conn: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
 
 #: A row of ``envq.envelopes`` as the driver returns it.
 Row = Any
@@ -159,6 +162,23 @@ class _Ending:
 class StoreUnavailable(QueueNotRunning):
     """The database could not be reached, or the connection was lost mid-call; what the
     call would have changed is rolled back (a ``send`` admitted nothing)."""
+
+
+def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """The driver's errors of a session lost or not yet possible: the connection broke,
+    the server is shutting down, restarting or recovering, or the session was
+    terminated (``pg_terminate_backend``), or the driver lost track of a session cut in
+    the middle of a statement (``InternalClientError``). The statement may have
+    committed unheard of: a finish repeated after that is refused by the fence. ``more``:
+    other errors to catch with them."""
+    return (
+        OSError,
+        driver.InterfaceError,
+        driver.PostgresConnectionError,
+        driver.exceptions.OperatorInterventionError,
+        driver.exceptions.InternalClientError,
+        *more,
+    )
 
 
 def _node_name() -> str:
@@ -292,7 +312,10 @@ class PgQueue:
 
         try:
             self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=max(2, min(self.workers, 8) + 2)
+                self._dsn,
+                min_size=1,
+                max_size=max(2, min(self.workers, 8) + 2),
+                server_settings=self._session_settings(),
             )
         except (OSError, asyncpg.PostgresError) as error:
             raise StoreUnavailable(
@@ -301,6 +324,28 @@ class PgQueue:
         await self._pool.execute(
             "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
         )
+
+    def _session_settings(self) -> dict[str, str]:
+        """The settings of this node's sessions: their ``application_name`` names the
+        node (``envq:<node>``), so that an operator can find them in
+        ``pg_stat_activity``."""
+        return {"application_name": f"envq:{self.node}"}
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[_Conn]:
+        """A pooled connection for one step of the node; one whose session is lost is
+        thrown away, not put back: a session cut in the middle of a statement can look
+        open to the pool and fail every later statement."""
+        import asyncpg  # noqa: PLC0415
+
+        async with self._db().acquire() as conn:
+            try:
+                yield conn
+            except _lost(asyncpg):
+                # (One the driver saw close has gone back to the pool already.)
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    conn.terminate()
+                raise
 
     async def close(self) -> None:
         """Leave: this node stops claiming, lets its attempts in flight end (their
@@ -424,6 +469,7 @@ class PgQueue:
             if state in SETTLED:
                 return state
             if state is QueueState.STOPPING:
+                await self._reap_unserved()
                 await self._try_drained()
             await self._sleep(min(self.poll, 0.2))
 
@@ -435,11 +481,14 @@ class PgQueue:
         every envelope not ended is handed back — re-created from its row, once, to the
         caller. Waits for the attempts in flight to end (or their leases to expire)."""
         await self.connect()
-        await self._call(QueueCall.TERMINATE, cancel=CancelCause.TERMINATE)
+        # As the in-process queue: the stop before the hand-back parks the ready ones
+        # (a stop mode of DRAIN, or none yet, would leave them ready, never handed back).
+        await self._call(QueueCall.TERMINATE, StopMode.STOP, CancelCause.TERMINATE)
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
         db = self._db()
         while True:
+            await self._reap_unserved()
             # An attempt reaped meanwhile is parked: hand it back too.
             await db.execute(
                 "SELECT envq.broadcast($1, $2::envq.envelope_event)",
@@ -459,6 +508,16 @@ class PgQueue:
         )
         rows = sorted(rows, key=lambda r: r["seq"])
         return [decode(r) for r in rows]
+
+    async def _reap_unserved(self) -> None:
+        """Reap expired leases while waiting for them, when this process runs no keeper
+        (a producer): with every node gone, nobody else would."""
+        if self._serving:
+            return
+        loop = asyncio.get_running_loop()
+        self._runner.bind(loop)
+        self._deadlines.bind(loop)
+        await self._reap(self._db())
 
     async def _try_drained(self) -> None:
         """A stop under way with nothing left to run or wait for ends (any node)."""
@@ -600,23 +659,36 @@ class PgQueue:
     # -- the node ----------------------------------------------------------------------
 
     async def _serve(self) -> None:
-        import asyncpg  # noqa: PLC0415
-
         self._serving = True
         self._epoch += 1
         loop = asyncio.get_running_loop()
         self._runner.bind(loop)
         self._deadlines.bind(loop)
-        try:
-            self._listener = await asyncpg.connect(self._dsn)
-            await self._listener.add_listener(CHANNEL, self._notified)
-        except (OSError, asyncpg.PostgresError):
-            self._listener = None  # polling only
+        await self._listen()
         self._tasks = [
             asyncio.create_task(self._pump(), name=f"envq-pg-pump-{self.name}"),
             asyncio.create_task(self._keep(), name=f"envq-pg-keeper-{self.name}"),
             asyncio.create_task(self._finisher(), name=f"envq-pg-finisher-{self.name}"),
         ]
+
+    async def _listen(self) -> None:
+        """Open the session that listens for sends unless it is open (the keeper opens
+        a lost one again); without it, the node polls."""
+        import asyncpg  # noqa: PLC0415
+
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        self._listener = None
+        listener: asyncpg.Connection | None = None
+        try:
+            listener = await asyncpg.connect(self._dsn, server_settings=self._session_settings())
+            await listener.add_listener(CHANNEL, self._notified)
+        except _lost(asyncpg, asyncpg.PostgresError):
+            if listener is not None:
+                listener.terminate()
+            return
+        self._listener = listener
+        self._wake.set()  # a send may have come while nobody listened
 
     def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
         if payload == self.name:
@@ -631,7 +703,6 @@ class PgQueue:
         """Claim ready envelopes while there is room, and start their attempts."""
         import asyncpg  # noqa: PLC0415
 
-        db = self._db()
         backoff = 0.05
         while self._serving:
             free = self.workers - self._busy
@@ -643,15 +714,16 @@ class PgQueue:
                 continue
             self._wake.clear()
             try:
-                rows = await db.fetch(
-                    "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
-                    self.name,
-                    self.node,
-                    free,
-                    self.lease,
-                )
+                async with self._session() as conn:
+                    rows = await conn.fetch(
+                        "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
+                        self.name,
+                        self.node,
+                        free,
+                        self.lease,
+                    )
                 backoff = 0.05
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            except _lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: claim failed (%s); retrying", self.name, error)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.poll)
@@ -672,53 +744,56 @@ class PgQueue:
         """Renew leases, move due envelopes, reap expired leases, follow the lifecycle."""
         import asyncpg  # noqa: PLC0415
 
-        db = self._db()
         period = min(self.lease / 3, self.poll)
+        listening: list[asyncio.Task[None]] = []
         while True:
+            listener = self._listener
+            if (listener is None or listener.is_closed()) and all(t.done() for t in listening):
+                # In its own task: connecting may take long, renewals may not wait (and
+                # among the node's tasks, which close() cancels).
+                listening = [asyncio.create_task(self._listen())]
+                self._tasks += listening
             try:
-                await self._renew(db)
-                moved = await db.fetchval("SELECT envq.due($1)", self.name)
-                if moved:
-                    self._wake.set()
-                await self._reap(db)
-                await self._follow(db)
+                async with self._session() as conn:
+                    await self._renew(conn)
+                    moved = await conn.fetchval("SELECT envq.due($1)", self.name)
+                    if moved:
+                        self._wake.set()
+                    await self._reap(conn)
+                    await self._follow(conn)
             except asyncio.CancelledError:
                 raise
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            except _lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: keeper round failed (%s)", self.name, error)
             except Exception:
                 log.exception("queue %r: keeper round failed", self.name)
             await asyncio.sleep(period)
 
-    async def _renew(self, db: asyncpg.Pool) -> None:
+    async def _renew(self, db: asyncpg.Pool | _Conn) -> None:
         if not self._flights:
             return
-        # Only a flight claimed (committed) before this statement began can be judged
-        # by it: a claim committing meanwhile is not in its snapshot.
-        asked = time.monotonic()
+        # Only the flights known before the statement: one claimed meanwhile may hold a
+        # lease the statement's snapshot did not see.
+        known = list(self._flights.values())
         held = {
             r[0]
             for r in await db.fetch(
                 "SELECT * FROM envq.renew($1, $2 * interval '1 second')", self.node, self.lease
             )
         }
-        for flight in list(self._flights.values()):
+        for flight in known:
             # A flight whose body ended is committing its end, which cleared the lease.
-            if (
-                flight.token not in held
-                and flight.claimed_at < asked
-                and not flight.lost
-                and not flight.freed
-            ):
-                # The lease expired: another node may reap it; stop the work.
+            if flight.token not in held and not flight.lost and not flight.freed:
+                # The lease expired: another node may reap it; stop the work (once the
+                # attempt's code is over, its finish is refused by the fence instead).
                 flight.lost = True
                 w = flight.worker
-                if w.task is not None and w.cancel_cause is None:
+                if w.task is not None and w.cancellable and w.cancel_cause is None:
                     w.cancel_cause = CancelCause.STOP
                     w.owed = 1
                     w.task.cancel()
 
-    async def _follow(self, db: asyncpg.Pool) -> None:
+    async def _follow(self, db: asyncpg.Pool | _Conn) -> None:
         found = await db.fetchrow(
             "SELECT state, cancel FROM envq.queues WHERE name = $1", self.name
         )
@@ -736,7 +811,7 @@ class PgQueue:
         if state is QueueState.STOPPING:
             await self._try_drained()
 
-    async def _reap(self, db: asyncpg.Pool) -> None:
+    async def _reap(self, db: asyncpg.Pool | _Conn) -> None:
         rows = await db.fetch(
             "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'running'"
             " AND lease_expires_at <= clock_timestamp() ORDER BY seq LIMIT 100",
@@ -860,7 +935,6 @@ class PgQueue:
         """Commit the ends of the attempts that ended meanwhile, all in one statement."""
         import asyncpg  # noqa: PLC0415
 
-        db = self._db()
         pause = 0.05
         while True:
             await self._ending_ready.wait()
@@ -868,17 +942,18 @@ class PgQueue:
             batch, self._ending = self._ending, []
             while batch:
                 try:
-                    found = await db.fetch(
-                        _FINISH_MANY,
-                        [e.seq for e in batch],
-                        [e.token for e in batch],
-                        [e.outcome for e in batch],
-                        [e.decision for e in batch],
-                        [e.cause for e in batch],
-                        [e.delay for e in batch],
-                        [e.failures for e in batch],
-                    )
-                except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as err:
+                    async with self._session() as conn:
+                        found = await conn.fetch(
+                            _FINISH_MANY,
+                            [e.seq for e in batch],
+                            [e.token for e in batch],
+                            [e.outcome for e in batch],
+                            [e.decision for e in batch],
+                            [e.cause for e in batch],
+                            [e.delay for e in batch],
+                            [e.failures for e in batch],
+                        )
+                except _lost(asyncpg) as err:
                     # Lost the database: try again while the leases may still hold.
                     now = time.monotonic()
                     for e in batch:
