@@ -1,0 +1,658 @@
+"""One process's workers on a PostgreSQL queue: claims, attempts, leases, reaping.
+
+:class:`Node` is the working side of :class:`envq.postgres.PgQueue`. Its pump claims
+READY envelopes (``envq.claim``: ``FOR UPDATE SKIP LOCKED``, a lease with a fencing
+token each) and runs their attempts with envq's attempt runner; the outcome row of
+each attempt is performed as far as a node decides (hooks, the failure decision, the
+delay of a next run), and the finisher ends the attempts of the moment in one
+statement (``envq.finish_many``), each fenced by its token. The keeper renews the
+node's leases in one statement, moves due envelopes, reaps expired leases of any node
+(the ``EXPIRED`` outcome), follows the lifecycle row and opens the listening session
+again when it was lost. Where each envelope goes is the database's to compute from
+the tables; nothing here writes a state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, assert_never
+
+import attrs
+
+from envq._attempt import Runner, Threads, Worker
+from envq._envelope import Envelope
+from envq._errors import MaxRetriesExceeded
+from envq._machine import (
+    OUTCOMES,
+    Action,
+    CancelCause,
+    DecisionKind,
+    EnvState,
+    Kind,
+    Outcome,
+    QueueState,
+)
+from envq._timers import Deadlines
+from envq._values import HookTimeout, Schedule
+from envq.postgres._codec import decode
+from envq.postgres.schema import event_label
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["CHANNEL", "Host", "Node"]
+
+log = logging.getLogger("envq.postgres")
+
+#: The NOTIFY channel: the payload is the queue's name.
+CHANNEL: Final = "envq"
+
+#: A pooled connection, as the pool lends it.
+_Conn: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
+
+#: A row of ``envq.envelopes`` as the driver returns it.
+Row = Any
+
+
+class Host(Protocol):
+    """What a node uses of its queue: the connections, and the end of a stop."""
+
+    name: str
+    _dsn: str
+
+    def _db(self) -> asyncpg.Pool: ...
+
+    def _session(self) -> AbstractAsyncContextManager[_Conn]: ...
+
+    def _session_settings(self) -> dict[str, str]: ...
+
+    async def _try_drained(self) -> None: ...
+
+
+_FINISH_MANY: Final = """
+SELECT * FROM envq.finish_many($1::bigint[], $2::uuid[], $3::envq.envelope_event[],
+                               $4::envq.decision_kind[], $5::envq.cancel_cause[],
+                               $6::float8[], $7::integer[])
+"""
+
+_EXPIRE: Final = """
+SELECT envq.expire($1, $2, $3::envq.decision_kind,
+                   clock_timestamp() + $4::float8 * interval '1 second', $5)
+"""
+
+
+#: The result of an attempt's end the node could not commit (the database stayed
+#: away for longer than four leases): another node reaps the attempt.
+_GAVE_UP: Final = "gave up"
+
+
+@attrs.define(slots=True)
+class _Ending:
+    """An attempt's end waiting for the finisher's next statement."""
+
+    seq: int
+    token: uuid.UUID
+    outcome: str
+    decision: str | None
+    cause: str | None
+    delay: float
+    failures: int | None
+    give_up: float
+    done: asyncio.Future[str | None]
+
+
+def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """The driver's errors of a session lost or not yet possible: the connection broke,
+    the server is shutting down, restarting or recovering, or the session was
+    terminated (``pg_terminate_backend``), or the driver lost track of a session cut in
+    the middle of a statement (``InternalClientError``). The statement may have
+    committed unheard of: a finish repeated after that is refused by the fence. ``more``:
+    other errors to catch with them."""
+    return (
+        OSError,
+        driver.InterfaceError,
+        driver.PostgresConnectionError,
+        driver.exceptions.OperatorInterventionError,
+        driver.exceptions.InternalClientError,
+        *more,
+    )
+
+
+def _node_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class _Flight:
+    """One attempt in flight on this node: its row, its lease, its worker."""
+
+    __slots__ = ("claimed_at", "freed", "lost", "row", "token", "worker")
+
+    def __init__(self, row: Row, worker: Worker) -> None:
+        self.row = row
+        self.token: uuid.UUID = row["lease_token"]
+        self.worker = worker
+        self.lost = False
+        self.freed = False
+        self.claimed_at = time.monotonic()
+
+
+class Node:
+    """This process's workers on one queue (none run until :meth:`serve`).
+
+    :param host: the queue (its connections, and the end of a stop).
+    :param node: this process's name in the leases.
+    :param workers: attempts at once.
+    :param lease: seconds a lease lasts without renewal.
+    :param poll: seconds between polls when no notification arrives.
+    :param hook_timeout: the hooks' time budgets.
+    """
+
+    def __init__(
+        self,
+        host: Host,
+        node: str,
+        workers: int,
+        lease: float,
+        poll: float,
+        hook_timeout: HookTimeout,
+    ) -> None:
+        self._host = host
+        self.name = host.name
+        self.node = node
+        self.workers = workers
+        self.lease = lease
+        self.poll = poll
+        self._listener: asyncpg.Connection | None = None
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._flights: dict[int, _Flight] = {}
+        self._attempts: set[asyncio.Task[None]] = set()
+        self._ending: list[_Ending] = []
+        self._ending_ready = asyncio.Event()
+        #: Attempts running their body or hooks (a slot each; their end may still be
+        #: committing).
+        self._busy = 0
+        self._claim_floor = max(1, workers // 2)
+        self.serving = False
+        self._epoch = 0
+        #: What this node did: attempts ended, refused by the fence, reaped.
+        self.counts_local: dict[str, int] = {"finished": 0, "fenced": 0, "reaped": 0}
+        self._deadlines = Deadlines(self._expire_limits)
+        self._runner = Runner(
+            host.name,
+            (),
+            hook_timeout,
+            Threads(max(1, workers), f"envq-pg-{host.name}"),
+            self._deadlines,
+            self._abandoned,
+        )
+
+    def wake(self) -> None:
+        """Something changed: look at the queue now rather than at the next poll."""
+        self._wake.set()
+
+    async def leave(self) -> None:
+        """Stop claiming, let the attempts in flight end (their ends commit), and stop
+        the node's tasks."""
+        self.serving = False
+        self._wake.set()
+        if self._attempts:
+            await asyncio.gather(*self._attempts, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close()
+            self._listener = None
+        self._deadlines.disarm()
+
+    async def reap_unserved(self) -> None:
+        """Reap expired leases while waiting for them, when this process runs no keeper
+        (a producer): with every node gone, nobody else would."""
+        if self.serving:
+            return
+        loop = asyncio.get_running_loop()
+        self._runner.bind(loop)
+        self._deadlines.bind(loop)
+        await self._reap(self._host._db())
+
+    async def serve(self) -> None:
+        self.serving = True
+        self._epoch += 1
+        loop = asyncio.get_running_loop()
+        self._runner.bind(loop)
+        self._deadlines.bind(loop)
+        await self._listen()
+        self._tasks = [
+            asyncio.create_task(self._pump(), name=f"envq-pg-pump-{self.name}"),
+            asyncio.create_task(self._keep(), name=f"envq-pg-keeper-{self.name}"),
+            asyncio.create_task(self._finisher(), name=f"envq-pg-finisher-{self.name}"),
+        ]
+
+    async def _listen(self) -> None:
+        """Open the session that listens for sends unless it is open (the keeper opens
+        a lost one again); without it, the node polls."""
+        import asyncpg  # noqa: PLC0415
+
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        self._listener = None
+        listener: asyncpg.Connection | None = None
+        try:
+            listener = await asyncpg.connect(
+                self._host._dsn, server_settings=self._host._session_settings()
+            )
+            await listener.add_listener(CHANNEL, self._notified)
+        except _lost(asyncpg, asyncpg.PostgresError):
+            if listener is not None:
+                listener.terminate()
+            return
+        self._listener = listener
+        self._wake.set()  # a send may have come while nobody listened
+
+    def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        if payload == self.name:
+            self._wake.set()
+
+    async def sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    async def _pump(self) -> None:
+        """Claim ready envelopes while there is room, and start their attempts."""
+        import asyncpg  # noqa: PLC0415
+
+        backoff = 0.05
+        while self.serving:
+            free = self.workers - self._busy
+            # While attempts run, claim in batches (half the workers at least): a
+            # claim is a statement and a commit, whatever its size.
+            if free <= 0 or (self._busy and free < self._claim_floor):
+                self._room.clear()
+                await self._room.wait()
+                continue
+            self._wake.clear()
+            try:
+                async with self._host._session() as conn:
+                    rows = await conn.fetch(
+                        "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
+                        self.name,
+                        self.node,
+                        free,
+                        self.lease,
+                    )
+                backoff = 0.05
+            except _lost(asyncpg, asyncpg.PostgresError) as error:
+                log.warning("queue %r: claim failed (%s); retrying", self.name, error)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.poll)
+                continue
+            for row in rows:
+                w = Worker(self._epoch)
+                flight = _Flight(row, w)
+                self._flights[row["seq"]] = flight
+                self._busy += 1
+                task = asyncio.create_task(self._run(flight))
+                self._attempts.add(task)
+                task.add_done_callback(self._attempts.discard)
+            if not rows:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll)
+
+    async def _keep(self) -> None:
+        """Renew leases, move due envelopes, reap expired leases, follow the lifecycle."""
+        import asyncpg  # noqa: PLC0415
+
+        period = min(self.lease / 3, self.poll)
+        listening: list[asyncio.Task[None]] = []
+        while True:
+            listener = self._listener
+            if (listener is None or listener.is_closed()) and all(t.done() for t in listening):
+                # In its own task: connecting may take long, renewals may not wait (and
+                # among the node's tasks, which close() cancels).
+                listening = [asyncio.create_task(self._listen())]
+                self._tasks += listening
+            try:
+                async with self._host._session() as conn:
+                    await self._renew(conn)
+                    moved = await conn.fetchval("SELECT envq.due($1)", self.name)
+                    if moved:
+                        self._wake.set()
+                    await self._reap(conn)
+                    await self._follow(conn)
+            except asyncio.CancelledError:
+                raise
+            except _lost(asyncpg, asyncpg.PostgresError) as error:
+                log.warning("queue %r: keeper round failed (%s)", self.name, error)
+            except Exception:
+                log.exception("queue %r: keeper round failed", self.name)
+            await asyncio.sleep(period)
+
+    async def _renew(self, db: asyncpg.Pool | _Conn) -> None:
+        if not self._flights:
+            return
+        # Only the flights known before the statement: one claimed meanwhile may hold a
+        # lease the statement's snapshot did not see.
+        known = list(self._flights.values())
+        held = {
+            r[0]
+            for r in await db.fetch(
+                "SELECT * FROM envq.renew($1, $2 * interval '1 second')", self.node, self.lease
+            )
+        }
+        for flight in known:
+            # A flight whose body ended is committing its end, which cleared the lease.
+            if flight.token not in held and not flight.lost and not flight.freed:
+                # The lease expired: another node may reap it; stop the work (once the
+                # attempt's code is over, its finish is refused by the fence instead).
+                flight.lost = True
+                w = flight.worker
+                if w.task is not None and w.cancellable and w.cancel_cause is None:
+                    w.cancel_cause = CancelCause.STOP
+                    w.owed = 1
+                    w.task.cancel()
+
+    async def _follow(self, db: asyncpg.Pool | _Conn) -> None:
+        found = await db.fetchrow(
+            "SELECT state, cancel FROM envq.queues WHERE name = $1", self.name
+        )
+        if found is None:
+            return
+        state = QueueState(found["state"])
+        if found["cancel"] is not None and state is not QueueState.RUNNING:
+            cause = CancelCause(found["cancel"])
+            for flight in self._flights.values():
+                w = flight.worker
+                if w.cancellable and w.cancel_cause is None and w.task is not None:
+                    w.cancel_cause = cause
+                    w.owed = 1
+                    w.task.cancel()
+        if state is QueueState.STOPPING:
+            await self._host._try_drained()
+
+    async def _reap(self, db: asyncpg.Pool | _Conn) -> None:
+        rows = await db.fetch(
+            "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'running'"
+            " AND lease_expires_at <= clock_timestamp() ORDER BY seq LIMIT 100",
+            self.name,
+        )
+        for row in rows:
+            try:
+                env = decode(row)
+            except Exception:  # its code is missing here: it fails
+                decision: str | None = DecisionKind.DROP.value
+                delay, failures = 0.0, None
+            else:
+                w = Worker(self._epoch)
+                w.task = asyncio.current_task()
+                cause = TimeoutError(
+                    f"queue {self.name!r}: the lease of attempt {row['attempt']} of "
+                    f"{env.label()} (node {row['lease_owner']!r}) expired"
+                )
+                kind, delay, failures = await self._decide(
+                    w, env, row, Outcome.EXPIRED, cause, time.monotonic()
+                )
+                decision = None if kind is None else kind.value
+            ended = await db.fetchval(
+                _EXPIRE, row["seq"], row["lease_token"], decision, delay, failures
+            )
+            if ended is not None:
+                self.counts_local["reaped"] += 1
+                log.info(
+                    "queue %r: reaped envelope %s (lease of node %r expired): %s",
+                    self.name,
+                    row["seq"],
+                    row["lease_owner"],
+                    ended,
+                )
+                self._wake.set()
+
+    # -- one attempt ---------------------------------------------------------------------
+
+    async def _run(self, flight: _Flight) -> None:
+        row = flight.row
+        w = flight.worker
+        w.task = asyncio.current_task()
+        outcome: Outcome
+        cause: BaseException | None
+        env: Envelope | None
+        try:
+            env = decode(row)
+        except Exception as error:  # its code is missing on this node
+            env = None
+            outcome, cause = Outcome.ERROR, error
+        else:
+            w.env = env
+            outcome, cause = await self._runner.attempt(w, env)
+        try:
+            if flight.lost:
+                self.counts_local["fenced"] += 1
+                return
+            kind: DecisionKind | None
+            if env is None:
+                kind, delay, failures = DecisionKind.DROP, 0.0, None
+            else:
+                kind, delay, failures = await self._decide(
+                    w, env, row, outcome, cause, flight.claimed_at
+                )
+            # The worker is free while the end commits (with others, in one batch).
+            self._free(flight)
+            await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
+        finally:
+            self._free(flight)
+            self._flights.pop(row["seq"], None)
+            w.env = None
+
+    def _free(self, flight: _Flight) -> None:
+        if not flight.freed:
+            flight.freed = True
+            self._busy -= 1
+            self._room.set()
+
+    async def _finish(
+        self,
+        flight: _Flight,
+        outcome: Outcome,
+        decision: DecisionKind | None,
+        cause: CancelCause | None,
+        delay: float,
+        failures: int | None,
+    ) -> None:
+        """End the attempt in the database (batched with the other attempts ending now,
+        one statement and one commit for all), fenced by its token."""
+        row = flight.row
+        ending = _Ending(
+            row["seq"],
+            flight.token,
+            event_label(outcome),
+            None if decision is None else decision.value,
+            None if outcome is not Outcome.CANCELLED or cause is None else cause.value,
+            delay,
+            failures,
+            flight.claimed_at + self.lease * 4,
+            asyncio.get_running_loop().create_future(),
+        )
+        self._ending.append(ending)
+        self._ending_ready.set()
+        ended = await ending.done
+        if ended is _GAVE_UP:
+            return
+        if ended is None:
+            self.counts_local["fenced"] += 1
+            log.warning(
+                "queue %r: the lease of envelope %s expired before its attempt ended; its "
+                "result was refused",
+                self.name,
+                row["seq"],
+            )
+        else:
+            self.counts_local["finished"] += 1
+            if ended == EnvState.READY.value:
+                self._wake.set()
+
+    async def _finisher(self) -> None:
+        """Commit the ends of the attempts that ended meanwhile, all in one statement."""
+        import asyncpg  # noqa: PLC0415
+
+        pause = 0.05
+        while True:
+            await self._ending_ready.wait()
+            self._ending_ready.clear()
+            batch, self._ending = self._ending, []
+            while batch:
+                try:
+                    async with self._host._session() as conn:
+                        found = await conn.fetch(
+                            _FINISH_MANY,
+                            [e.seq for e in batch],
+                            [e.token for e in batch],
+                            [e.outcome for e in batch],
+                            [e.decision for e in batch],
+                            [e.cause for e in batch],
+                            [e.delay for e in batch],
+                            [e.failures for e in batch],
+                        )
+                except _lost(asyncpg) as err:
+                    # Lost the database: try again while the leases may still hold.
+                    now = time.monotonic()
+                    for e in batch:
+                        if now > e.give_up and not e.done.done():
+                            log.error("queue %r: could not end an attempt (%s)", self.name, err)
+                            e.done.set_result(_GAVE_UP)
+                    batch = [e for e in batch if not e.done.done()]
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 1.0)
+                    continue
+                pause = 0.05
+                states = {r[0]: r[1] for r in found}
+                for e in batch:
+                    if not e.done.done():
+                        e.done.set_result(states.get(e.seq))
+                batch = []
+
+    async def _decide(
+        self,
+        w: Worker,
+        env: Envelope,
+        row: Row,
+        outcome: Outcome,
+        cause: BaseException | None,
+        started: float,
+    ) -> tuple[DecisionKind | None, float, int | None]:
+        """The row of the outcome table for this attempt, performed as far as a node
+        decides: its hooks, the failure decision and the delay before the next run (the
+        target itself is the database's to compute). ``(decision, delay, failures)``."""
+        runner = self._runner
+        kind = Kind(row["kind"])
+        action = OUTCOMES[(kind, outcome)].action
+        attempt = int(row["attempt"])
+        match action:
+            case Action.SUCCEED:
+                await runner.on_success(w, env)
+                return None, 0.0, None
+            case Action.RESCHEDULE:
+                await runner.on_success(w, env)
+                return None, self._next_run(env, started), 0
+            case Action.DECIDE:
+                if env.on_failure is not None:
+                    decision = await runner.on_failure(w, env, cause, attempt)
+                    return decision.kind, decision.delay, None
+                retry = env.retry
+                if retry is not None and retry.allows(attempt):
+                    return DecisionKind.RETRY_AFTER, retry.delay(attempt), None
+                if retry is not None:
+                    log.info(
+                        "queue %r: %s",
+                        self.name,
+                        MaxRetriesExceeded(
+                            f"{env.label()} failed {attempt} of {retry.attempts} attempts"
+                        ),
+                    )
+                return None, 0.0, None
+            case Action.DECIDE_PERIODIC:
+                failures = int(row["failures"]) + 1
+                if env.on_failure is not None:
+                    decision = await runner.on_failure(w, env, cause, failures)
+                    return decision.kind, decision.delay, failures
+                return None, self._next_run(env, started), failures
+            case Action.REPORT_FAILURE:
+                if env.on_failure is not None:
+                    await runner.on_failure(w, env, cause, attempt)
+                return None, 0.0, None
+            case Action.END | Action.SHELVE:
+                return None, 0.0, None
+            case Action.BLACKLIST:
+                await self._blacklist(env.type)
+                return None, 0.0, None
+            case _:
+                assert_never(action)
+
+    @staticmethod
+    def _next_run(env: Envelope, started: float) -> float:
+        """Seconds from now to a periodic envelope's next run: the interval after this
+        run's end (FIXED_DELAY), or what is left of it since the run began (FIXED_RATE,
+        measured on this node's clock)."""
+        if env.schedule is Schedule.FIXED_DELAY:
+            return env.interval
+        elapsed = time.monotonic() - started
+        return max(0.0, env.interval - elapsed % env.interval)
+
+    async def _blacklist(self, type_: str) -> None:
+        """Blacklist a type in the shared queue: its live envelopes are stopped, and the
+        attempts of it in flight end STOPPED (their row group is relabelled)."""
+        async with self._host._db().acquire() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE envq.queues SET blacklist = array_append(blacklist, $2)"
+                " WHERE name = $1 AND NOT ($2 = ANY(blacklist))",
+                self.name,
+                type_,
+            )
+            await conn.execute(
+                "UPDATE envq.envelopes AS e SET kind = 'blacklisted'"
+                " WHERE queue = $1 AND type = $2 AND state = 'running'",
+                self.name,
+                type_,
+            )
+            await conn.execute(
+                "UPDATE envq.envelopes AS e"
+                " SET state = envq.envelope_target(e.state, 'blacklist', e.kind, q.state,"
+                "   false, NULL, NULL, q.stop_mode, false), event = 'blacklist'"
+                " FROM envq.queues AS q WHERE q.name = $1 AND e.queue = $1 AND e.type = $2"
+                " AND envq.envelope_target(e.state, 'blacklist', e.kind, q.state, false,"
+                "   NULL, NULL, q.stop_mode, false) IS NOT NULL",
+                self.name,
+                type_,
+            )
+
+    # -- time limits and cancels ---------------------------------------------------------
+
+    def _expire_limits(self, limit: float) -> float:
+        following = float("inf")
+        for flight in self._flights.values():
+            w = flight.worker
+            at = w.expiry
+            if at <= limit:
+                w.expiry = float("inf")
+                w.fired = at
+                if w.task is not None:
+                    w.owed += 1
+                    w.task.cancel()
+            elif at < following:
+                following = at
+        return following
+
+    def _abandoned(self, w: Worker) -> None:
+        """A worker cancelled by someone other than envq (the loop closing): its attempt
+        ends CANCELLED and is parked or handed back by the lease's reaper."""
+        w.abandoned = True
