@@ -185,6 +185,8 @@ class Node:
         self._epoch = 0
         #: What this node did: attempts ended, refused by the fence, reaped.
         self.counts_local: dict[str, int] = {"finished": 0, "fenced": 0, "reaped": 0}
+        #: The outcomes of the attempts this node ended (committed ends only).
+        self.outcomes: dict[Outcome, int] = {}
         self._deadlines = Deadlines(self._expire_limits)
         self._runner = Runner(
             host.name,
@@ -194,6 +196,11 @@ class Node:
             self._deadlines,
             self._abandoned,
         )
+
+    @property
+    def stuck_threads(self) -> int:
+        """Threads still running a call the node stopped waiting for."""
+        return self._runner.threads.stuck
 
     def wake(self) -> None:
         """Something changed: look at the queue now rather than at the next poll."""
@@ -498,6 +505,7 @@ class Node:
             )
         else:
             self.counts_local["finished"] += 1
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             if ended == EnvState.READY.value:
                 self._wake.set()
 

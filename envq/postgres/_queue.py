@@ -32,11 +32,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 from envq import _checks
 from envq._envelope import Envelope
-from envq._errors import CapacityExceeded, QueueNotRunning, TypeBlacklisted
+from envq._errors import BadEnvelope, CapacityExceeded, QueueNotRunning, TypeBlacklisted
 from envq._machine import (
     INITIAL,
     LIFECYCLE,
@@ -46,13 +47,14 @@ from envq._machine import (
     Arrival,
     CancelCause,
     EnvEvent,
+    EnvState,
     Kind,
     LifeAction,
     QueueCall,
     QueueState,
     StopMode,
 )
-from envq._values import HookTimeout
+from envq._values import HookTimeout, Rejection, Statistics
 from envq.postgres._codec import Encoded, decode, encode
 from envq.postgres._node import CHANNEL, Node, _lost, _node_name
 from envq.postgres.schema import SCHEMA_VERSION, event_label, render
@@ -61,6 +63,14 @@ if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["CHANNEL", "PgQueue", "StoreUnavailable"]
+
+#: The reasons of :class:`envq.Statistics` ``rejections``, by the error a send raised
+#: (the lifecycle's errors count as ``state``).
+_REJECTIONS: Final[Mapping[type[Exception], Rejection]] = {
+    CapacityExceeded: Rejection.CAPACITY,
+    TypeBlacklisted: Rejection.BLACKLISTED,
+    QueueNotRunning: Rejection.STATE,
+}
 
 #: A pooled connection, as the pool lends it.
 _Conn: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
@@ -162,6 +172,8 @@ class PgQueue:
         self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
         self._dsn = dsn
         self._pool: asyncpg.Pool | None = None
+        self._dedups = 0
+        self._rejections: dict[Rejection, int] = {}
         self._node = Node(
             self, self.node, self.workers, self.lease, self.poll, hook_timeout or HookTimeout()
         )
@@ -439,17 +451,27 @@ class PgQueue:
             database was lost (nothing admitted).
         """
         label = f"queue {self.name!r}: send()"
-        rows = [encode(env, label) for env in envelopes]
+        try:
+            rows = [encode(env, label) for env in envelopes]
+        except BadEnvelope:
+            self._rejections[Rejection.INVALID] = self._rejections.get(Rejection.INVALID, 0) + 1
+            raise
         if not rows:
             return 0
         import asyncpg  # noqa: PLC0415
 
         try:
-            return await self._send(rows)
+            admitted = await self._send(rows)
+        except tuple(_REJECTIONS) as error:
+            reason = next(r for cls, r in _REJECTIONS.items() if isinstance(error, cls))
+            self._rejections[reason] = self._rejections.get(reason, 0) + 1
+            raise
         except (OSError, asyncpg.exceptions.ConnectionDoesNotExistError) as error:
             raise StoreUnavailable(
                 f"{label}: the connection was lost; nothing was admitted ({type(error).__name__})"
             ) from None
+        self._dedups += len(rows) - admitted
+        return admitted
 
     async def _send(self, rows: Sequence[Encoded]) -> int:
         async with self._db().acquire() as conn, conn.transaction():
@@ -529,6 +551,28 @@ class PgQueue:
                         f"queue {self.name!r}: send_wait(): no room within {timeout} s"
                     ) from None
                 await self._node.sleep(min(self.poll, 0.1))
+
+    async def statistics(self) -> Statistics:
+        """A snapshot. The queue's state, its envelopes by state (ended ones are kept
+        as rows, so they count since the queue was made), those in flight and the
+        capacity used are the shared queue's, read from the database; the outcomes,
+        dedups, rejected sends and stuck threads are this process's."""
+        found = await self._db().fetch(
+            "SELECT state::text, count(*) FROM envq.envelopes WHERE queue = $1 GROUP BY state",
+            self.name,
+        )
+        by_state = {EnvState(state): n for state, n in found}
+        return Statistics(
+            state=await self.state(),
+            by_state=MappingProxyType(by_state),
+            in_flight=by_state.get(EnvState.RUNNING, 0),
+            capacity_used=sum(n for state, n in by_state.items() if state in LIVE_STATES),
+            capacity_limit=self.capacity,
+            outcomes=MappingProxyType(dict(self._node.outcomes)),
+            dedups=self._dedups,
+            rejections=MappingProxyType(dict(self._rejections)),
+            stuck_threads=self._node.stuck_threads,
+        )
 
     async def counts(self) -> dict[str, int]:
         """How many envelopes of the queue are in each state now."""

@@ -344,3 +344,35 @@ class TestLeases:
 
 async def _finished(node: PgQueue, n: int) -> bool:
     return node.counts_local["finished"] + node.counts_local["fenced"] >= n
+
+
+class TestStatistics:
+    async def test_the_snapshot_counts_the_shared_queue_and_this_process(
+        self, pg_dsn: str, qname: str
+    ) -> None:
+        async with PgQueue(pg_dsn, qname, workers=2, capacity=5, poll=0.05) as q:
+            await q.send(*(envq.Envelope(invoke=pg_jobs.noop, id=("s", i)) for i in range(3)))
+            await q.send(envq.Envelope(invoke=pg_jobs.noop, id=("s", 0)))  # a dedup
+            with pytest.raises(envq.CapacityExceeded):
+                await q.send(*(envq.Envelope(invoke=pg_jobs.noop, id=("x", i)) for i in range(3)))
+            with pytest.raises(BadEnvelopeType):
+                await q.send(envq.Envelope(invoke=lambda env: None))
+            before = await q.statistics()
+            assert before.state is envq.QueueState.INIT
+            assert before.by_state == {envq.EnvState.BUFFERED: 3}
+            assert (before.capacity_used, before.capacity_limit, before.in_flight) == (3, 5, 0)
+            assert before.dedups == 1
+            assert before.rejections == {"capacity": 1, "invalid": 1}
+            await q.start()
+            await q.send(envq.Envelope(invoke=pg_jobs.fail, id="bad"))
+            await until(settled(q, succeeded=3, failed=1))
+            await until(lambda: _finished(q, 4))
+            after = await q.statistics()
+            assert after.state is envq.QueueState.RUNNING
+            assert after.by_state == {envq.EnvState.SUCCEEDED: 3, envq.EnvState.FAILED: 1}
+            assert after.capacity_used == 0
+            assert after.outcomes == {envq.Outcome.OK: 3, envq.Outcome.ERROR: 1}
+            await q.stop()
+            with pytest.raises(envq.QueueNotRunning):
+                await q.send(envq.Envelope(invoke=pg_jobs.noop))
+            assert (await q.statistics()).rejections == {"capacity": 1, "invalid": 1, "state": 1}
