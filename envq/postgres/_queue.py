@@ -105,12 +105,13 @@ _ARRIVAL: Final[Mapping[LifeAction, Arrival]] = {
 _INSERT: Final = """
 INSERT INTO envq.envelopes
     (queue, id, type, invoke, payload, kind, state, event, interval_s, schedule,
-     deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at)
+     deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at,
+     wait)
 SELECT $1, u.id::jsonb, u.type, u.invoke, u.payload::jsonb, u.kind::envq.envelope_kind,
        u.state::envq.envelope_state, 'send', u.interval_s, u.schedule::envq.schedule,
        u.deadline_s, u.before_hook, u.after_hook, u.on_success, u.on_failure,
        u.retry::jsonb, clock_timestamp() + u.delay * interval '1 second',
-       clock_timestamp() + u.delay * interval '1 second'
+       clock_timestamp() + u.delay * interval '1 second', u.delay > 0
   FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
               $8::float8[], $9::text[], $10::float8[], $11::text[], $12::text[],
               $13::text[], $14::text[], $15::text[], $16::float8[])
@@ -405,9 +406,21 @@ class PgQueue:
         every envelope not ended is handed back — re-created from its row, once, to the
         caller. Waits for the attempts in flight to end (or their leases to expire)."""
         await self.connect()
-        await self._call(QueueCall.TERMINATE, cancel=CancelCause.TERMINATE)
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
+        if await self.state() in (QueueState.RUNNING, QueueState.STOPPING):
+            # As in one process: a running queue is stopped first (STOP mode, the
+            # attempts in flight cancelled for the terminate), then handed back.
+            await self._call(QueueCall.STOP, StopMode.STOP, CancelCause.TERMINATE)
+            await self._db().execute(
+                "SELECT envq.broadcast($1, $2::envq.envelope_event)",
+                self.name,
+                event_label(EnvEvent.STOP),
+            )
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wait_stopped(), timeout)
+        await self._call(QueueCall.TERMINATE, cancel=CancelCause.TERMINATE)
         db = self._db()
         while True:
             # An attempt reaped meanwhile is parked: hand it back too.
@@ -504,9 +517,21 @@ class PgQueue:
                     self.name,
                     _LIVE,
                 )
-                if live + len(rows) > self.capacity:
+                # A dedup (an id live already, or twice in the batch) takes no room.
+                ids = [e.id for e in rows if e.id is not None]
+                fresh = len(rows) - len(ids)
+                if ids:
+                    fresh += await conn.fetchval(
+                        "SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
+                        " WHERE NOT EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = $1"
+                        " AND e.id = i::jsonb AND e.state = ANY($3::envq.envelope_state[]))",
+                        self.name,
+                        ids,
+                        _LIVE,
+                    )
+                if fresh and live + fresh > self.capacity:
                     raise CapacityExceeded(
-                        f"queue {self.name!r}: no room for {len(rows)} envelope(s): "
+                        f"queue {self.name!r}: no room for {fresh} envelope(s): "
                         f"{live} of {self.capacity} used"
                     )
             arrival = _ARRIVAL[row.action]

@@ -230,14 +230,15 @@ async def invoke(env: envq.Envelope) -> None:
     except asyncio.CancelledError:
         session.observe("cancelled", env=name)
         raise
-    if plan is Plan.ERROR:
-        raise RuntimeError(f"{name}: planned error")
-    if plan is Plan.STOP:
-        raise envq.StopEnvelope
-    if plan is Plan.STOP_TYPE:
-        raise envq.StopType
-    if plan is Plan.NO_RETRY:
-        raise envq.DoNotRetry
+    error: BaseException | None = {
+        Plan.ERROR: RuntimeError(f"{name}: planned error"),
+        Plan.STOP: envq.StopEnvelope(),
+        Plan.STOP_TYPE: envq.StopType(),
+        Plan.NO_RETRY: envq.DoNotRetry(),
+    }.get(plan)
+    if error is not None:
+        session.raised[name].append((time.time(), _cause(error)))
+        raise error
 
 
 async def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> envq.Decision | None:
@@ -294,6 +295,10 @@ class Session:
         self.specs: dict[str, EnvSpec] = {}
         self.scripts: dict[str, collections.deque[Plan]] = {}
         self.gates: dict[str, tuple[asyncio.Event, list[Plan]]] = {}
+        #: What the attempts of each envelope raised: (wall time, cause name).
+        self.raised: collections.defaultdict[str, list[tuple[float, str]]] = (
+            collections.defaultdict(list)
+        )
         #: In-process observations not yet reported: (wall time, observation).
         self.pending: list[tuple[float, dict[str, Any]]] = []
         #: Journal rows already reported (their ``n``).
@@ -412,8 +417,21 @@ class Session:
                 )
         fresh = [r for r in rows if r["n"] not in self.seen]
         cutoff = max([before, *(r["at"] for r in fresh)])
-        mine = [p for p in self.pending if p[0] <= cutoff]
-        self.pending = [p for p in self.pending if p[0] > cutoff]
+        # An on_failure call is reported with the end of its attempt: until that end
+        # is committed, the attempt is still running as far as the database says.
+        ends: dict[int, float] = {}
+        for r in fresh:
+            if r["seq"] is not None and r["event"].startswith("attempt_"):
+                ends[r["seq"]] = max(ends.get(r["seq"], 0.0), r["at"])
+        ended = {self._name_of(r): ends[r["seq"]] for r in fresh if r["seq"] in ends}
+        mine: list[tuple[float, dict[str, Any]]] = []
+        kept: list[tuple[float, dict[str, Any]]] = []
+        for wall, ev in self.pending:
+            early = wall <= cutoff
+            if early and ev["kind"] == "on_failure":
+                early = ended.get(ev["env"], -1.0) >= wall
+            (mine if early else kept).append((wall, ev))
+        self.pending = kept
         found: list[tuple[float, int, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
         for r in fresh:
             self.seen.add(r["n"])
@@ -422,6 +440,14 @@ class Session:
                 found.append((r["at"], r["n"], event))
         found.sort(key=lambda x: (x[0], x[1]))
         return [(w, ev) for w, _, ev in found], counts
+
+    def _name_of(self, r: Any) -> str | None:
+        """The harness's name of a journal row's envelope (its ``id``)."""
+        if r["seq"] is None:
+            return None
+        if r["id"] is not None:
+            self.by_seq.setdefault(r["seq"], r["id"])
+        return self.by_seq.get(r["seq"])
 
     def _move(self, r: Any) -> dict[str, Any] | None:
         """The observation of one journal row (and the driver's view of the queue)."""
@@ -435,9 +461,7 @@ class Session:
                 self.last_report = self._report(complete=True)
                 self.run = None
             return {"t": t, "kind": "queue", "from": frm, "to": to}
-        if r["id"] is not None:
-            self.by_seq.setdefault(r["seq"], r["id"])
-        name = self.by_seq.get(r["seq"])
+        name = self._name_of(r)
         if name is None or name not in self.specs:
             return None
         event: str = r["event"]
@@ -457,10 +481,10 @@ class Session:
             "from": frm,
             "to": to,
             "outcome": outcome,
-            "cause": self._cause_of(name, outcome, to),
+            "cause": self._cause_of(name, outcome, to, r["at"]),
         }
 
-    def _cause_of(self, name: str, outcome: str | None, to: str) -> str | None:
+    def _cause_of(self, name: str, outcome: str | None, to: str, at: float) -> str | None:
         """The error behind the end of an attempt: the outcome's own (a retry policy
         used up is ``max_retries``)."""
         if outcome is None or outcome == "ok":
@@ -473,7 +497,10 @@ class Session:
             and to == "failed"
         ):
             return "max_retries"
-        return outcome
+        if outcome in ("timeout", "cancelled"):
+            return outcome
+        before = [cause for wall, cause in self.raised[name] if wall <= at]
+        return before[-1] if before else outcome
 
     def _report(self, *, complete: bool) -> dict[str, Any]:
         parked = sorted(
@@ -747,6 +774,8 @@ class Session:
         wait = _flag(command, "wait", None)
         if wait is None:
             wait = self.wait_default
+        if cancel and (chosen or q.stop_mode) is StopMode.DRAIN:
+            raise ValueError("stop(): cancel=True needs mode=stop, the mode is drain")
         state = await q.state()
         if state in (QueueState.INIT, QueueState.STOPPED, QueueState.TERMINATED):
             return None  # a no-op: the last report

@@ -361,7 +361,8 @@ BEGIN
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
-    NEW.updated_at := now();
+    -- The time of the move itself: a start measures the wait left from it.
+    NEW.updated_at := clock_timestamp();
     RETURN NEW;
 END
 $$;
@@ -552,17 +553,30 @@ COMMENT ON FUNCTION envq.due IS
 CREATE FUNCTION envq.broadcast(queue_name text, what envq.envelope_event)
 RETURNS integer
 LANGUAGE sql AS $$
-    WITH moved AS (
+    -- A start arms a buffered or parked envelope with the wait it had left when it
+    -- was sent or parked (its last move), not the time that passed meanwhile.
+    WITH now_ AS (SELECT clock_timestamp() AS t),
+    armed AS (
+        SELECT e.seq,
+               CASE WHEN what = '{start}' AND e.state IN ('{buffered}', '{parked}')
+                         AND e.due_at IS NOT NULL
+                    THEN n.t + greatest(e.due_at - e.updated_at, interval '0')
+                    ELSE e.due_at END AS due,
+               n.t
+          FROM envq.envelopes AS e, now_ AS n
+         WHERE e.queue = queue_name AND e.state IN ({live})
+    ),
+    moved AS (
         UPDATE envq.envelopes AS e
            SET state = envq.envelope_target(e.state, what, e.kind, q.state,
-                                            coalesce(e.due_at > clock_timestamp(), false),
+                                            coalesce(a.due > a.t, false),
                                             NULL, NULL, q.stop_mode, false),
-               event = what
-          FROM envq.queues AS q
-         WHERE q.name = queue_name AND e.queue = queue_name
+               event = what, wait = coalesce(a.due > a.t, false), due_at = a.due
+          FROM envq.queues AS q, armed AS a
+         WHERE q.name = queue_name AND e.queue = queue_name AND e.seq = a.seq
            AND e.state IN ({live})
            AND envq.envelope_target(e.state, what, e.kind, q.state,
-                                    coalesce(e.due_at > clock_timestamp(), false),
+                                    coalesce(a.due > a.t, false),
                                     NULL, NULL, q.stop_mode, false) IS NOT NULL
         RETURNING 1)
     SELECT count(*)::integer FROM moved
@@ -586,6 +600,9 @@ def _leases() -> str:
         .replace("{dispatching}", dispatching)
         .replace("{expired}", event_label(Outcome.EXPIRED))
         .replace("{due}", event_label(EnvEvent.DUE))
+        .replace("{start}", event_label(EnvEvent.START))
+        .replace("{buffered}", EnvState.BUFFERED.value)
+        .replace("{parked}", EnvState.PARKED.value)
         .replace("{live}", _in(LIVE_STATES))
     )
 
