@@ -392,29 +392,14 @@ class Session:
         """The observations made since the last collect, by time: the journal's rows
         of one snapshot and this process's observations that precede it (see the
         module's docstring); with ``stats``, the statistics of that snapshot."""
-        counts = None
-        async with self._pool().acquire() as conn, conn.transaction(isolation="repeatable_read"):
-            before = time.time()
-            await conn.fetchval("SELECT 1")  # the snapshot is taken here
-            rows = await conn.fetch(
-                "SELECT j.n, j.seq, j.from_state, j.to_state, j.event, e.id #>> '{}' AS id,"
-                " extract(epoch FROM j.at)::float8 AS at FROM envq.journal AS j"
-                " LEFT JOIN envq.envelopes AS e ON e.seq = j.seq"
-                " WHERE j.queue = $1 ORDER BY j.n",
-                self.queue_name,
-            )
-            if stats:
-                counts = await conn.fetch(
-                    "SELECT state::text, count(*)::int AS n FROM envq.envelopes"
-                    " WHERE queue = $1 GROUP BY state",
-                    self.queue_name,
-                )
-                counts = (
-                    await conn.fetchval(
-                        "SELECT state::text FROM envq.queues WHERE name = $1", self.queue_name
-                    ),
-                    {r["state"]: r["n"] for r in counts},
-                )
+        until = time.monotonic() + SETTLE_MAX
+        while True:
+            before, rows, counts = await self._snapshot(stats)
+            if counts is None or time.monotonic() >= until or not self._claimable(counts):
+                break
+            # A READY envelope a free worker has not claimed yet: the nodes claim
+            # within a poll; the statistics are those of a settled queue.
+            await asyncio.sleep(0.005)
         fresh = [r for r in rows if r["n"] not in self.seen]
         cutoff = max([before, *(r["at"] for r in fresh)])
         # An on_failure call is reported with the end of its attempt: until that end
@@ -440,6 +425,42 @@ class Session:
                 found.append((r["at"], r["n"], event))
         found.sort(key=lambda x: (x[0], x[1]))
         return [(w, ev) for w, _, ev in found], counts
+
+    async def _snapshot(self, stats: bool) -> tuple[float, list[Any], Any]:
+        """One snapshot of the database: the wall time just before it, the journal's
+        rows and (with ``stats``) the queue's state and its envelopes by state."""
+        counts = None
+        async with self._pool().acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            before = time.time()
+            await conn.fetchval("SELECT 1")  # the snapshot is taken here
+            rows = await conn.fetch(
+                "SELECT j.n, j.seq, j.from_state, j.to_state, j.event, e.id #>> '{}' AS id,"
+                " extract(epoch FROM j.at)::float8 AS at FROM envq.journal AS j"
+                " LEFT JOIN envq.envelopes AS e ON e.seq = j.seq"
+                " WHERE j.queue = $1 ORDER BY j.n",
+                self.queue_name,
+            )
+            if stats:
+                found = await conn.fetch(
+                    "SELECT state::text, count(*)::int AS n FROM envq.envelopes"
+                    " WHERE queue = $1 GROUP BY state",
+                    self.queue_name,
+                )
+                state = await conn.fetchval(
+                    "SELECT state::text FROM envq.queues WHERE name = $1", self.queue_name
+                )
+                counts = (state, {r["state"]: r["n"] for r in found})
+        return before, list(rows), counts
+
+    def _claimable(self, counts: Any) -> bool:
+        """Whether a snapshot shows a READY envelope and a free worker to claim it."""
+        state, by_state = counts
+        total = sum(node.workers for node in self.nodes)
+        return (
+            state in ("running", "stopping")
+            and by_state.get("ready", 0) > 0
+            and by_state.get("running", 0) < total
+        )
 
     def _name_of(self, r: Any) -> str | None:
         """The harness's name of a journal row's envelope (its ``id``)."""
@@ -637,7 +658,7 @@ class Session:
                 self.queue_name,
                 workers=n,
                 capacity=capacity,
-                lease=max(5.0, self.real(20.0)),
+                lease=30.0,
                 node=f"conform-node-{i}",
                 poll=poll,
                 stop_mode=stop_mode,
