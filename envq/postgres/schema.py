@@ -22,7 +22,9 @@ twice. The generated SQL (:func:`render`) creates, in the schema ``envq``:
 * attempts under leases: ``claim`` starts attempts on ready envelopes (``FOR UPDATE
   SKIP LOCKED``), each with a lease (a token, an owner, an expiry on the database's
   clock); ``renew`` extends every lease an owner still holds in one statement;
-  ``finish`` ends an attempt where the tables lead, only while its token holds.
+  ``finish`` ends an attempt where the tables lead, only while its token holds;
+* an optional journal (``envq.journal``): every move of a queue whose
+  ``queues.journal`` is true, appended by the triggers (off by default).
 
 A state-changing statement names its move: it writes the event (``event`` for an
 envelope, ``call`` for a queue) and the guard values that only the mover knows

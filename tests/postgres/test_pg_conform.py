@@ -41,7 +41,9 @@ def _conform(dsn: str, tmp_path: Path, *driver_args: str) -> subprocess.Complete
         *driver_args,
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run(command, capture_output=True, text=True, timeout=170, env=env, check=False)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=170, env=env, check=False
+    )
 
 
 def test_the_postgres_driver_conforms(pg_server: ThrowawayServer, tmp_path: Path) -> None:

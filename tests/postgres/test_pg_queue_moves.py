@@ -94,7 +94,5 @@ async def test_the_journal_is_off_unless_turned_on(pg_dsn: str) -> None:
         await q.start()
         await q.send(envq.Envelope(invoke=invoke, id="a"))
         await q.terminate()
-        found = await q._db().fetchval(
-            "SELECT count(*) FROM envq.journal WHERE queue = $1", q.name
-        )
+        found = await q._db().fetchval("SELECT count(*) FROM envq.journal WHERE queue = $1", q.name)
         assert found == 0
