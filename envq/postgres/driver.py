@@ -490,8 +490,7 @@ class Session:
         frm = r["from_state"] or "new"
         to = r["to_state"]
         if frm == "new":
-            self.admitted.setdefault(name, len(self.admitted))
-            self.admitted[name] = max(self.admitted.values()) + 1
+            self.admitted[name] = r["n"]  # admission order: the journal's
         self.states[name] = to
         if outcome is not None and self.run is not None:
             (self.run.cancelled if outcome == "cancelled" else self.run.completed).append(name)

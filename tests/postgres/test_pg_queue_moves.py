@@ -96,3 +96,38 @@ async def test_the_journal_is_off_unless_turned_on(pg_dsn: str) -> None:
         await q.terminate()
         found = await q._db().fetchval("SELECT count(*) FROM envq.journal WHERE queue = $1", q.name)
         assert found == 0
+
+
+_CALLS: list[int] = []
+
+
+async def _no_retry_after_a_success(env: envq.Envelope) -> None:
+    """Succeeds on its first run, then raises DoNotRetry."""
+    if not _CALLS:
+        _CALLS.append(0)
+        return
+    raise envq.DoNotRetry
+
+
+async def _record_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> None:
+    _CALLS.append(attempt)
+
+
+async def test_a_periodic_envelope_reports_its_failures_in_a_row(pg_dsn: str) -> None:
+    import asyncio  # noqa: PLC0415
+
+    _CALLS.clear()
+    env = envq.Envelope(
+        invoke=_no_retry_after_a_success, id="p", interval=0.05, on_failure=_record_failure
+    )
+    async with PgQueue(pg_dsn, _name(), workers=1, poll=0.02) as q:
+        await q.start()
+        await q.send(env)
+        for _ in range(200):
+            if len(_CALLS) > 1:
+                break
+            await asyncio.sleep(0.02)
+        await q.terminate()
+    # The second run is the first failure since the success: on_failure hears 1, not
+    # the attempt number 2.
+    assert _CALLS == [0, 1]
