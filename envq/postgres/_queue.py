@@ -324,6 +324,8 @@ class PgQueue:
                 assert row.error is not None
                 raise row.error(f"queue {self.name!r} is {state}: {call.value} is rejected")
             assert row.target is not None
+            if row.action is LifeAction.AWAIT_STOP:
+                mode = cancel = None  # a stop under way keeps its mode and its cancel
             if row.target.value != state or mode is not None:
                 await conn.execute(
                     "UPDATE envq.queues SET state = $2, call = $3,"
@@ -408,15 +410,24 @@ class PgQueue:
         await self.connect()
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
-        if await self.state() in (QueueState.RUNNING, QueueState.STOPPING):
-            # As in one process: a running queue is stopped first (STOP mode, the
-            # attempts in flight cancelled for the terminate), then handed back.
-            await self._call(QueueCall.STOP, StopMode.STOP, CancelCause.TERMINATE)
-            await self._db().execute(
-                "SELECT envq.broadcast($1, $2::envq.envelope_event)",
-                self.name,
-                event_label(EnvEvent.STOP),
-            )
+        state = await self.state()
+        if state in (QueueState.RUNNING, QueueState.STOPPING):
+            # As in one process: a running queue is stopped first, a stop under way
+            # escalated (STOP mode, the attempts in flight cancelled for the
+            # terminate); the queue is handed back once stopped.
+            if state is QueueState.RUNNING:
+                await self._call(QueueCall.STOP, StopMode.STOP, CancelCause.TERMINATE)
+            async with self._db().acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "UPDATE envq.queues SET stop_mode = 'stop', cancel = 'terminate'"
+                    " WHERE name = $1 AND state = 'stopping'",
+                    self.name,
+                )
+                await conn.execute(
+                    "SELECT envq.broadcast($1, $2::envq.envelope_event)",
+                    self.name,
+                    event_label(EnvEvent.STOP),
+                )
             self._wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wait_stopped(), timeout)

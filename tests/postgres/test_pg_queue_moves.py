@@ -131,3 +131,22 @@ async def test_a_periodic_envelope_reports_its_failures_in_a_row(pg_dsn: str) ->
     # The second run is the first failure since the success: on_failure hears 1, not
     # the attempt number 2.
     assert _CALLS == [0, 1]
+
+
+async def test_a_cancelling_stop_of_a_stopping_queue_waits_for_the_stop(pg_dsn: str) -> None:
+    async with PgQueue(pg_dsn, _name(), workers=0) as q:
+        db = q._db()
+        await q.start()
+        await q.send(envq.Envelope(invoke=invoke, id="a"))
+        claimed = await db.fetch(
+            "SELECT * FROM envq.claim($1, 'elsewhere', 1, interval '60 seconds')", q.name
+        )
+        assert len(claimed) == 1
+        await q.stop(envq.StopMode.DRAIN, wait=False)
+        await q.stop(envq.StopMode.STOP, cancel=True, wait=False)
+        found = await db.fetchrow(
+            "SELECT state::text, stop_mode::text, cancel::text FROM envq.queues WHERE name = $1",
+            q.name,
+        )
+        # As in one process: the stop under way goes on as it began (drain, no cancel).
+        assert tuple(found) == ("stopping", "drain", None)
