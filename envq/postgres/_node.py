@@ -596,7 +596,9 @@ class Node:
                 return None, self._next_run(env, started), failures
             case Action.REPORT_FAILURE:
                 if env.on_failure is not None:
-                    await runner.on_failure(w, env, cause, attempt)
+                    # A periodic envelope counts its failures in a row, as in one process.
+                    number = int(row["failures"]) + 1 if kind is Kind.PERIODIC else attempt
+                    await runner.on_failure(w, env, cause, number)
                 return None, 0.0, None
             case Action.END | Action.SHELVE:
                 return None, 0.0, None

@@ -302,6 +302,8 @@ class PgQueue:
                 assert row.error is not None
                 raise row.error(f"queue {self.name!r} is {state}: {call.value} is rejected")
             assert row.target is not None
+            if row.action is LifeAction.AWAIT_STOP:
+                mode = cancel = None  # a stop under way keeps its mode and its cancel
             if row.target.value != state or mode is not None:
                 await conn.execute(
                     "UPDATE envq.queues SET state = $2, call = $3,"
@@ -385,11 +387,30 @@ class PgQueue:
         every envelope not ended is handed back — re-created from its row, once, to the
         caller. Waits for the attempts in flight to end (or their leases to expire)."""
         await self.connect()
-        # As the in-process queue: the stop before the hand-back parks the ready ones
-        # (a stop mode of DRAIN, or none yet, would leave them ready, never handed back).
-        await self._call(QueueCall.TERMINATE, StopMode.STOP, CancelCause.TERMINATE)
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
+        state = await self.state()
+        if state in (QueueState.RUNNING, QueueState.STOPPING):
+            # As in one process: a running queue is stopped first, a stop under way
+            # escalated (STOP mode, the attempts in flight cancelled for the
+            # terminate); the queue is handed back once stopped.
+            if state is QueueState.RUNNING:
+                await self._call(QueueCall.STOP, StopMode.STOP, CancelCause.TERMINATE)
+            async with self._db().acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "UPDATE envq.queues SET stop_mode = 'stop', cancel = 'terminate'"
+                    " WHERE name = $1 AND state = 'stopping'",
+                    self.name,
+                )
+                await conn.execute(
+                    "SELECT envq.broadcast($1, $2::envq.envelope_event)",
+                    self.name,
+                    event_label(EnvEvent.STOP),
+                )
+            self._node.wake()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wait_stopped(), timeout)
+        await self._call(QueueCall.TERMINATE, cancel=CancelCause.TERMINATE)
         db = self._db()
         while True:
             await self._node.reap_unserved()
@@ -497,9 +518,21 @@ class PgQueue:
                     self.name,
                     _LIVE,
                 )
-                if live + len(rows) > self.capacity:
+                # A dedup (an id live already, or twice in the batch) takes no room.
+                ids = [e.id for e in rows if e.id is not None]
+                fresh = len(rows) - len(ids)
+                if ids:
+                    fresh += await conn.fetchval(
+                        "SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
+                        " WHERE NOT EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = $1"
+                        " AND e.id = i::jsonb AND e.state = ANY($3::envq.envelope_state[]))",
+                        self.name,
+                        ids,
+                        _LIVE,
+                    )
+                if fresh and live + fresh > self.capacity:
                     raise CapacityExceeded(
-                        f"queue {self.name!r}: no room for {len(rows)} envelope(s): "
+                        f"queue {self.name!r}: no room for {fresh} envelope(s): "
                         f"{live} of {self.capacity} used"
                     )
             arrival = _ARRIVAL[row.action]

@@ -22,7 +22,9 @@ twice. The generated SQL (:func:`render`) creates, in the schema ``envq``:
 * attempts under leases: ``claim`` starts attempts on ready envelopes (``FOR UPDATE
   SKIP LOCKED``), each with a lease (a token, an owner, an expiry on the database's
   clock); ``renew`` extends every lease an owner still holds in one statement;
-  ``finish`` ends an attempt where the tables lead, only while its token holds.
+  ``finish`` ends an attempt where the tables lead, only while its token holds;
+* an optional journal (``envq.journal``): every move of a queue whose
+  ``queues.journal`` is true, appended by the triggers (off by default).
 
 A state-changing statement names its move: it writes the event (``event`` for an
 envelope, ``call`` for a queue) and the guard values that only the mover knows
@@ -86,7 +88,7 @@ __all__ = [
 SCHEMA: Final = "envq"
 #: The version of the generated schema, recorded in ``envq.schema_version``; a later
 #: release migrates from it.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 #: SQLSTATE of an envelope move the tables do not allow.
 REFUSED_ENVELOPE_MOVE: Final = "EQ001"
@@ -296,6 +298,7 @@ DECLARE
     mode_now envq.stop_mode;
     allowed envq.envelope_state;
     rejected text;
+    journal_on boolean;
 BEGIN
     IF TG_OP = 'UPDATE' THEN
         IF NEW.queue IS DISTINCT FROM OLD.queue THEN
@@ -324,8 +327,8 @@ BEGIN
         source := NULL;
         row_kind := NEW.kind;
     END IF;
-    SELECT q.state, q.stop_mode INTO queue_now, mode_now FROM envq.queues AS q
-     WHERE q.name = NEW.queue;
+    SELECT q.state, q.stop_mode, q.journal INTO queue_now, mode_now, journal_on
+      FROM envq.queues AS q WHERE q.name = NEW.queue;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '{refused}',
             MESSAGE = format('envq: there is no queue named %L', NEW.queue);
@@ -355,9 +358,13 @@ BEGIN
                             coalesce(NEW.decision::text, 'none'), coalesce(NEW.cause::text, 'none'),
                             coalesce(mode_now::text, 'none'), coalesce(NEW.limited, false));
     END IF;
+    IF journal_on THEN
+        PERFORM envq.journal_move(NEW, source);
+    END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
-    NEW.updated_at := now();
+    -- The time of the move itself: a start measures the wait left from it.
+    NEW.updated_at := clock_timestamp();
     RETURN NEW;
 END
 $$;
@@ -408,6 +415,10 @@ BEGIN
                              OLD.name, OLD.state, NEW.call, coalesce(NEW.state::text, 'NULL'),
                              CASE WHEN allowed IS NULL THEN 'the call cannot happen in this state'
                                   ELSE format('they lead to %s', allowed) END);
+    END IF;
+    IF NEW.journal AND NEW.state IS DISTINCT FROM OLD.state THEN
+        INSERT INTO envq.journal (queue, from_state, to_state, event)
+        VALUES (NEW.name, OLD.state::text, NEW.state::text, NEW.call::text);
     END IF;
     NEW.call := NULL;
     NEW.updated_at := now();
@@ -575,17 +586,30 @@ COMMENT ON FUNCTION envq.due IS
 CREATE FUNCTION envq.broadcast(queue_name text, what envq.envelope_event)
 RETURNS integer
 LANGUAGE sql AS $$
-    WITH moved AS (
+    -- A start arms a buffered or parked envelope with the wait it had left when it
+    -- was sent or parked (its last move), not the time that passed meanwhile.
+    WITH now_ AS (SELECT clock_timestamp() AS t),
+    armed AS (
+        SELECT e.seq,
+               CASE WHEN what = '{start}' AND e.state IN ('{buffered}', '{parked}')
+                         AND e.due_at IS NOT NULL
+                    THEN n.t + greatest(e.due_at - e.updated_at, interval '0')
+                    ELSE e.due_at END AS due,
+               n.t
+          FROM envq.envelopes AS e, now_ AS n
+         WHERE e.queue = queue_name AND e.state IN ({live})
+    ),
+    moved AS (
         UPDATE envq.envelopes AS e
            SET state = envq.envelope_target(e.state, what, e.kind, q.state,
-                                            coalesce(e.due_at > clock_timestamp(), false),
+                                            coalesce(a.due > a.t, false),
                                             NULL, NULL, q.stop_mode, false),
-               event = what
-          FROM envq.queues AS q
-         WHERE q.name = queue_name AND e.queue = queue_name
+               event = what, wait = coalesce(a.due > a.t, false), due_at = a.due
+          FROM envq.queues AS q, armed AS a
+         WHERE q.name = queue_name AND e.queue = queue_name AND e.seq = a.seq
            AND e.state IN ({live})
            AND envq.envelope_target(e.state, what, e.kind, q.state,
-                                    coalesce(e.due_at > clock_timestamp(), false),
+                                    coalesce(a.due > a.t, false),
                                     NULL, NULL, q.stop_mode, false) IS NOT NULL
         RETURNING 1)
     SELECT count(*)::integer FROM moved
@@ -609,8 +633,69 @@ def _leases() -> str:
         .replace("{dispatching}", dispatching)
         .replace("{expired}", event_label(Outcome.EXPIRED))
         .replace("{due}", event_label(EnvEvent.DUE))
+        .replace("{start}", event_label(EnvEvent.START))
+        .replace("{buffered}", EnvState.BUFFERED.value)
+        .replace("{parked}", EnvState.PARKED.value)
         .replace("{live}", _in(LIVE_STATES))
     )
+
+
+# ---------------------------------------------------------------------------------------
+# The journal (optional)
+# ---------------------------------------------------------------------------------------
+
+_JOURNAL: Final = """\
+-- ------------------------------------------------------------------------------------
+-- The journal: an optional record of every move of a queue, for checking a deployment
+-- against the tables (the conformance driver turns it on for its queue). Off by
+-- default: the triggers read the flag with the queue row they read anyway, so a
+-- queue whose journal is off pays nothing more.
+-- ------------------------------------------------------------------------------------
+ALTER TABLE envq.queues ADD COLUMN journal boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN envq.queues.journal IS
+    'Whether the moves of this queue and its envelopes are appended to envq.journal.';
+
+CREATE TABLE envq.journal (
+    n bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue text NOT NULL,
+    -- The envelope row that moved; NULL: a move of the queue itself.
+    seq bigint,
+    -- States by name (an envelope state, or a queue state when seq is NULL); from_state
+    -- is NULL for the send that created the row.
+    from_state text,
+    to_state text NOT NULL,
+    -- The envelope event (attempt_<outcome> for the end of an attempt) or queue call.
+    event text NOT NULL,
+    decision envq.decision_kind,
+    cause envq.cancel_cause,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX journal_queue ON envq.journal (queue, n);
+COMMENT ON TABLE envq.journal IS
+    'Every move of the queues whose journal is on, in the order they were made.';
+
+CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF source IS NOT NULL AND moved.state = source THEN
+        RETURN;
+    END IF;
+    -- A send of an id already live is a dedup: ON CONFLICT DO NOTHING skips the row
+    -- after this trigger ran, so it is not a move.
+    IF source IS NULL AND moved.id IS NOT NULL AND EXISTS (
+        SELECT FROM envq.envelopes AS d
+         WHERE d.queue = moved.queue AND d.id = moved.id AND d.state IN ({live})) THEN
+        RETURN;
+    END IF;
+    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause)
+    VALUES (moved.queue, moved.seq, source::text, moved.state::text, moved.event::text,
+            moved.decision, moved.cause);
+END
+$$;
+COMMENT ON FUNCTION envq.journal_move IS
+    'Appends one envelope move to the journal (called by the trigger when it is on).';
+"""
 
 
 def _function(
@@ -779,6 +864,7 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         .replace("{initial}", INITIAL_QUEUE_STATE.value),
         "-- Attempts under leases: claim, renew, finish (fenced by the lease token).\n",
         _leases(),
+        _JOURNAL.replace("{live}", live),
     ]
     return "\n".join(parts)
 

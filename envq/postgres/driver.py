@@ -1,0 +1,935 @@
+"""The conformance driver of :class:`envq.postgres.PgQueue`: several nodes, one database.
+
+``python -m envq.postgres.driver --nodes 3`` speaks the driver protocol
+(``specs/driver-protocol.md``) on the real clock: each ``queue`` command makes a new
+queue in the database, served by ``--nodes`` :class:`PgQueue` objects of this process
+(each with its own node name and connection pool) among which the harness's
+``workers`` are shared out. The database is ``--dsn`` or ``$ENVQ_DSN``; without
+either, a throwaway server is started here and removed at ``quit``.
+
+What the harness is told comes from where it happens:
+
+* every move of the queue and its envelopes is read back from the database's
+  journal (``envq.journal``, turned on for the driver's queue only), in the order
+  the database made them;
+* ``invoke``, ``cancelled`` and ``on_failure`` are recorded by the envelopes' own
+  callables, :func:`invoke` and :func:`on_failure`, which run in this process on
+  whichever node claimed the attempt and find their script by the envelope's name
+  (its ``id``, carried in the payload too).
+
+The observations of both sources are merged by time. A read of the journal takes
+the database's snapshot first and then only the observations of this process made
+before the snapshot, or before a journal row it returns: so an ``invoke`` is never
+reported before the claim that started it, nor a move before the ``on_failure``
+call that decided it; ``stats`` is answered from the same snapshot. The ways this
+port differs from the in-process queue on purpose are declared in ``hello``
+(:data:`DIVERGENCES`, explained in ``docs/postgres.md``, section "Conformance").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import concurrent.futures
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+import envq
+from envq._machine import QueueState, StopMode
+from envq.conform.protocol import (
+    CAUSES,
+    ERRORS,
+    HANG_RELEASES,
+    LONG_SECONDS,
+    PROTOCOL,
+    SLOW_SECONDS,
+    EnvSpec,
+    Plan,
+    Policy,
+)
+from envq.postgres._queue import PgQueue
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from envq.postgres._server import ThrowawayServer
+
+__all__ = ["DIVERGENCES", "FEATURES", "DriverError", "Session", "invoke", "main", "on_failure"]
+
+#: The optional features of the protocol this driver declares.
+FEATURES: Final = (
+    "buffer",
+    "deadline",
+    "dedup",
+    "delay",
+    "no_retry",
+    "on_failure",
+    "periodic",
+    "restart",
+    "retry_policy",
+    "send_wait",
+    "stop_cancel",
+    "stop_envelope",
+    "stop_modes",
+    "stop_type",
+    "terminate_handback",
+)
+
+_DOCS: Final = "docs/postgres.md#conformance"
+
+#: The deliberate differences from the in-process queue, by name, with the checks of
+#: the conformance oracle each one relaxes.
+DIVERGENCES: Final[tuple[dict[str, Any], ...]] = (
+    {
+        "name": "at-least-once execution, one committed end per attempt",
+        "checks": [],
+        "classification": "design",
+        "reference": _DOCS,
+    },
+    {
+        "name": "dedup by id",
+        "checks": [],
+        "classification": "design",
+        "reference": _DOCS,
+    },
+    {
+        "name": "hand-back returns re-created envelopes",
+        "checks": [],
+        "classification": "design",
+        "reference": _DOCS,
+    },
+    {
+        "name": "cancellation takes effect within a lease/poll period",
+        "checks": [],
+        "classification": "design",
+        "reference": _DOCS,
+    },
+    {
+        "name": "event order per envelope only",
+        "checks": [],
+        "classification": "design",
+        "reference": _DOCS,
+    },
+)
+
+#: Real seconds the driver lets pass after a command for the nodes to settle, as a
+#: share of one model second (the smallest duration the harness generates is 1).
+SETTLE_SHARE: Final = 0.1
+#: The most real seconds a settle waits for the nodes to claim what they have room for.
+SETTLE_MAX: Final = 0.5
+
+log = logging.getLogger("envq.postgres.driver")
+
+
+class DriverError(Exception):
+    """A command the driver cannot carry out (a protocol error, not a queue's)."""
+
+
+def _error(exc: BaseException) -> str:
+    for cls in type(exc).__mro__:
+        if cls.__name__ in ERRORS:
+            return ERRORS[cls.__name__]
+    return f"other:{type(exc).__name__}"
+
+
+def _cause(exc: BaseException) -> str:
+    name = type(exc).__name__
+    return CAUSES.get(name, f"other:{name}")
+
+
+def _number(command: dict[str, Any], field: str, default: float | None = None) -> float:
+    value = command.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DriverError(f"{field} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise DriverError(f"{field} must be finite and >= 0, got {value!r}")
+    return float(value)
+
+
+def _optional(command: dict[str, Any], field: str) -> float | None:
+    return None if command.get(field) is None else _number(command, field)
+
+
+def _count(command: dict[str, Any], field: str, default: int) -> int:
+    value = command.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DriverError(f"{field} must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def _flag(command: dict[str, Any], field: str, default: bool | None) -> bool | None:
+    value = command.get(field, default)
+    if value is None and default is None:
+        return None
+    if not isinstance(value, bool):
+        raise DriverError(f"{field} must be true or false, got {value!r}")
+    return value
+
+
+def _choice(kind: type[Plan] | type[StopMode], value: object, field: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        names = [m.value for m in kind]
+        raise DriverError(f"{field} must be one of {names}, got {value!r}") from None
+
+
+def share(workers: int, nodes: int) -> list[int]:
+    """``workers`` shared out among ``nodes`` (the first ones get one more)."""
+    return [workers // nodes + (1 if i < workers % nodes else 0) for i in range(nodes)]
+
+
+# -- the envelopes' callables (module level: they cross processes by name) ---------------
+
+#: The session the callables report to (one per driver process).
+_ACTIVE: list[Session] = []
+
+
+def _session_of(env: envq.Envelope) -> tuple[Session, str] | None:
+    payload = env.payload
+    if not _ACTIVE or not isinstance(payload, dict):
+        return None
+    session = _ACTIVE[0]
+    if payload.get("session") != session.token:
+        return None  # an attempt of a session already reset
+    return session, str(payload["env"])
+
+
+async def invoke(env: envq.Envelope) -> None:
+    """A scripted envelope's attempt: the next plan of its script, else its ``then``."""
+    found = _session_of(env)
+    if found is None:
+        return
+    session, name = found
+    script = session.scripts[name]
+    plan = script.popleft() if script else session.specs[name].then
+    session.observe("invoke", env=name, plan=plan.value)
+    try:
+        if plan is Plan.SLOW or plan is Plan.LONG:
+            seconds = SLOW_SECONDS if plan is Plan.SLOW else LONG_SECONDS
+            await asyncio.sleep(session.real(seconds))
+            plan = Plan.OK
+        elif plan is Plan.HANG:
+            gate = asyncio.Event()
+            holder: list[Plan] = []
+            session.gates[name] = (gate, holder)
+            try:
+                await gate.wait()
+            finally:
+                session.gates.pop(name, None)
+            plan = holder[0]
+    except asyncio.CancelledError:
+        session.observe("cancelled", env=name)
+        raise
+    error: BaseException | None = {
+        Plan.ERROR: RuntimeError(f"{name}: planned error"),
+        Plan.STOP: envq.StopEnvelope(),
+        Plan.STOP_TYPE: envq.StopType(),
+        Plan.NO_RETRY: envq.DoNotRetry(),
+    }.get(plan)
+    if error is not None:
+        session.raised[name].append((time.time(), _cause(error)))
+        raise error
+
+
+async def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> envq.Decision | None:
+    """A scripted envelope's ``on_failure``: reports the call and answers its policy."""
+    found = _session_of(env)
+    if found is None:
+        return None
+    session, name = found
+    session.observe("on_failure", env=name, error=_cause(exc), attempt=attempt)
+    spec = session.specs[name]
+    if spec.policy is Policy.DROP:
+        return envq.drop()
+    if spec.policy is Policy.RETRY_NOW:
+        return envq.retry_now()
+    if spec.policy is Policy.RETRY_AFTER:
+        return envq.retry_after(session.real(spec.retry_after))
+    if spec.policy is Policy.CRASH:
+        raise RuntimeError("on_failure crashed (planned)")
+    return None
+
+
+# -- the session ---------------------------------------------------------------------------
+
+
+class _Stop:
+    """A stop under way, as the journal shows it: the attempts it let end, and those
+    it cancelled, in the order they ended."""
+
+    def __init__(self) -> None:
+        self.completed: list[str] = []
+        self.cancelled: list[str] = []
+
+
+class Session:
+    """One conformance session: the queue's nodes, the scripted envelopes, and what
+    was observed and not yet reported. Every method runs on the session's loop.
+
+    :param dsn: the database, holding envq's schema or not (it is installed).
+    :param nodes: how many :class:`PgQueue` nodes serve each queue.
+    """
+
+    def __init__(self, dsn: str, nodes: int) -> None:
+        self.dsn = dsn
+        self.node_count = nodes
+        self.scale = 0.05
+        self.token = uuid.uuid4().hex
+        self._t0 = time.time()
+        self.nodes: list[PgQueue] = []
+        self.queue_name: str | None = None
+        self.wait_default = True
+        self.sender = 0
+        self.db: asyncpg.Pool | None = None
+        self.envs: dict[str, envq.Envelope] = {}
+        self.specs: dict[str, EnvSpec] = {}
+        self.scripts: dict[str, collections.deque[Plan]] = {}
+        self.gates: dict[str, tuple[asyncio.Event, list[Plan]]] = {}
+        #: What the attempts of each envelope raised: (wall time, cause name).
+        self.raised: collections.defaultdict[str, list[tuple[float, str]]] = (
+            collections.defaultdict(list)
+        )
+        #: In-process observations not yet reported: (wall time, observation).
+        self.pending: list[tuple[float, dict[str, Any]]] = []
+        #: Journal rows already reported (their ``n``).
+        self.seen: set[int] = set()
+        #: envelope row (seq) → harness name.
+        self.by_seq: dict[int, str] = {}
+        #: The driver's view of the queue as reported: names → envelope state; the
+        #: admission order; the lifecycle state; the stop under way; the last report.
+        self.states: dict[str, str] = {}
+        self.admitted: dict[str, int] = {}
+        self.life = QueueState.INIT.value
+        self.run: _Stop | None = None
+        self.last_report: dict[str, Any] = _report([], [], [], complete=False)
+        self.background: set[asyncio.Task[Any]] = set()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def model(self, wall: float) -> float:
+        """Model time of a wall-clock time."""
+        return (wall - self._t0) / self.scale
+
+    def real(self, seconds: float) -> float:
+        """Model seconds as real seconds."""
+        return seconds * self.scale
+
+    def observe(self, kind: str, **fields: Any) -> None:
+        """Record one observation of this process."""
+        now = time.time()
+        self.pending.append((now, {"t": self.model(now), "kind": kind, **fields}))
+
+    def _queue(self) -> PgQueue:
+        if not self.nodes:
+            raise DriverError("no queue: send a 'queue' command first")
+        return self.nodes[0]
+
+    def _pool(self) -> asyncpg.Pool:
+        assert self.db is not None
+        return self.db
+
+    def _names(self, command: dict[str, Any]) -> list[str]:
+        names = command.get("envs", [])
+        if not isinstance(names, list):
+            raise DriverError(f"envs must be a list of names, got {names!r}")
+        for name in names:
+            if not isinstance(name, str) or name not in self.envs:
+                raise DriverError(f"unknown envelope {name!r}")
+        return names
+
+    async def open(self) -> None:
+        """Connect, and install envq's schema unless the database has it."""
+        import asyncpg  # noqa: PLC0415
+
+        await PgQueue(self.dsn, "conform-install", workers=0).install()
+        self.db = await asyncpg.create_pool(self.dsn, min_size=1, max_size=2)
+
+    async def close(self) -> None:
+        """End the session: terminate and leave the queue, close the connections."""
+        await self._drop_queue()
+        if self.db is not None:
+            await self.db.close()
+            self.db = None
+
+    async def _drop_queue(self) -> None:
+        """Terminate the current queue (if it is not), close its nodes, delete its rows."""
+        for gate, holder in list(self.gates.values()):
+            holder.append(Plan.OK)
+            gate.set()
+        if not self.nodes:
+            return
+        name = self.queue_name
+        try:
+            if await self.nodes[0].state() is not QueueState.TERMINATED:
+                await self.nodes[0].terminate()
+        except Exception:
+            log.exception("terminating queue %r", name)
+        for task in self.background:
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+        self.background.clear()
+        await asyncio.gather(*(node.close() for node in self.nodes), return_exceptions=True)
+        self.nodes = []
+        db = self._pool()
+        async with db.acquire() as conn, conn.transaction():
+            await conn.execute("DELETE FROM envq.journal WHERE queue = $1", name)
+            await conn.execute("DELETE FROM envq.envelopes WHERE queue = $1", name)
+            await conn.execute("DELETE FROM envq.queues WHERE name = $1", name)
+
+    # -- the observations ---------------------------------------------------------------
+
+    async def collect(self, stats: bool = False) -> tuple[list[tuple[float, dict[str, Any]]], Any]:
+        """The observations made since the last collect, by time: the journal's rows
+        of one snapshot and this process's observations that precede it (see the
+        module's docstring); with ``stats``, the statistics of that snapshot."""
+        until = time.monotonic() + SETTLE_MAX
+        while True:
+            before, rows, counts = await self._snapshot(stats)
+            if counts is None or time.monotonic() >= until or not self._claimable(counts):
+                break
+            # A READY envelope a free worker has not claimed yet: the nodes claim
+            # within a poll; the statistics are those of a settled queue.
+            await asyncio.sleep(0.005)
+        fresh = [r for r in rows if r["n"] not in self.seen]
+        cutoff = max([before, *(r["at"] for r in fresh)])
+        # An on_failure call is reported with the end of its attempt: until that end
+        # is committed, the attempt is still running as far as the database says.
+        ends: dict[int, float] = {}
+        for r in fresh:
+            if r["seq"] is not None and r["event"].startswith("attempt_"):
+                ends[r["seq"]] = max(ends.get(r["seq"], 0.0), r["at"])
+        ended = {self._name_of(r): ends[r["seq"]] for r in fresh if r["seq"] in ends}
+        mine: list[tuple[float, dict[str, Any]]] = []
+        kept: list[tuple[float, dict[str, Any]]] = []
+        for wall, ev in self.pending:
+            early = wall <= cutoff
+            if early and ev["kind"] == "on_failure":
+                early = ended.get(ev["env"], -1.0) >= wall
+            (mine if early else kept).append((wall, ev))
+        self.pending = kept
+        found: list[tuple[float, int, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
+        for r in fresh:
+            self.seen.add(r["n"])
+            event = self._move(r)
+            if event is not None:
+                found.append((r["at"], r["n"], event))
+        found.sort(key=lambda x: (x[0], x[1]))
+        return [(w, ev) for w, _, ev in found], counts
+
+    async def _snapshot(self, stats: bool) -> tuple[float, list[Any], Any]:
+        """One snapshot of the database: the wall time just before it, the journal's
+        rows and (with ``stats``) the queue's state and its envelopes by state."""
+        counts = None
+        async with self._pool().acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            before = time.time()
+            await conn.fetchval("SELECT 1")  # the snapshot is taken here
+            rows = await conn.fetch(
+                "SELECT j.n, j.seq, j.from_state, j.to_state, j.event, e.id #>> '{}' AS id,"
+                " extract(epoch FROM j.at)::float8 AS at FROM envq.journal AS j"
+                " LEFT JOIN envq.envelopes AS e ON e.seq = j.seq"
+                " WHERE j.queue = $1 ORDER BY j.n",
+                self.queue_name,
+            )
+            if stats:
+                found = await conn.fetch(
+                    "SELECT state::text, count(*)::int AS n FROM envq.envelopes"
+                    " WHERE queue = $1 GROUP BY state",
+                    self.queue_name,
+                )
+                state = await conn.fetchval(
+                    "SELECT state::text FROM envq.queues WHERE name = $1", self.queue_name
+                )
+                counts = (state, {r["state"]: r["n"] for r in found})
+        return before, list(rows), counts
+
+    def _claimable(self, counts: Any) -> bool:
+        """Whether a snapshot shows a READY envelope and a free worker to claim it."""
+        state, by_state = counts
+        total = sum(node.workers for node in self.nodes)
+        return (
+            state in ("running", "stopping")
+            and by_state.get("ready", 0) > 0
+            and by_state.get("running", 0) < total
+        )
+
+    def _name_of(self, r: Any) -> str | None:
+        """The harness's name of a journal row's envelope (its ``id``)."""
+        if r["seq"] is None:
+            return None
+        if r["id"] is not None:
+            self.by_seq.setdefault(r["seq"], r["id"])
+        return self.by_seq.get(r["seq"])
+
+    def _move(self, r: Any) -> dict[str, Any] | None:
+        """The observation of one journal row (and the driver's view of the queue)."""
+        t = self.model(r["at"])
+        if r["seq"] is None:
+            frm, to = r["from_state"], r["to_state"]
+            self.life = to
+            if to == QueueState.STOPPING.value:
+                self.run = _Stop()
+            elif frm == QueueState.STOPPING.value and self.run is not None:
+                self.last_report = self._report(complete=True)
+                self.run = None
+            return {"t": t, "kind": "queue", "from": frm, "to": to}
+        name = self._name_of(r)
+        if name is None or name not in self.specs:
+            return None
+        event: str = r["event"]
+        outcome = event.removeprefix("attempt_") if event.startswith("attempt_") else None
+        frm = r["from_state"] or "new"
+        to = r["to_state"]
+        if frm == "new":
+            self.admitted[name] = r["n"]  # admission order: the journal's
+        self.states[name] = to
+        if outcome is not None and self.run is not None:
+            (self.run.cancelled if outcome == "cancelled" else self.run.completed).append(name)
+        return {
+            "t": t,
+            "kind": "move",
+            "env": name,
+            "from": frm,
+            "to": to,
+            "outcome": outcome,
+            "cause": self._cause_of(name, outcome, to, r["at"]),
+        }
+
+    def _cause_of(self, name: str, outcome: str | None, to: str, at: float) -> str | None:
+        """The error behind the end of an attempt: the outcome's own (a retry policy
+        used up is ``max_retries``)."""
+        if outcome is None or outcome == "ok":
+            return None
+        spec = self.specs[name]
+        if (
+            outcome in ("error", "timeout")
+            and spec.policy is Policy.RETRY
+            and not spec.periodic
+            and to == "failed"
+        ):
+            return "max_retries"
+        if outcome in ("timeout", "cancelled"):
+            return outcome
+        before = [cause for wall, cause in self.raised[name] if wall <= at]
+        return before[-1] if before else outcome
+
+    def _report(self, *, complete: bool) -> dict[str, Any]:
+        parked = sorted(
+            (n for n, s in self.states.items() if s == "parked"), key=self.admitted.__getitem__
+        )
+        run = self.run or _Stop()
+        return _report(parked, run.completed, run.cancelled, complete=complete)
+
+    async def settle(self) -> None:
+        """Let the nodes catch up: a short pause, then (a bounded while) until nothing
+        READY waits for a free worker of a dispatching queue."""
+        await asyncio.sleep(self.real(SETTLE_SHARE))
+        if not self.nodes:
+            return
+        until = time.monotonic() + SETTLE_MAX
+        total = sum(node.workers for node in self.nodes)
+        while time.monotonic() < until:
+            found = await self._pool().fetchrow(
+                "SELECT q.state::text AS state,"
+                " count(*) FILTER (WHERE e.state = 'ready') AS ready,"
+                " count(*) FILTER (WHERE e.state = 'running') AS running"
+                " FROM envq.queues AS q LEFT JOIN envq.envelopes AS e ON e.queue = q.name"
+                " WHERE q.name = $1 GROUP BY q.state",
+                self.queue_name,
+            )
+            if found is None or found["state"] not in ("running", "stopping"):
+                return
+            if not found["ready"] or found["running"] >= total:
+                return
+            await asyncio.sleep(0.005)
+
+    # -- commands -----------------------------------------------------------------------
+
+    async def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Carry out one command; the response with the observations it caused."""
+        cmd = command.get("cmd")
+        method: Callable[[dict[str, Any]], Coroutine[Any, Any, Any]] | None = getattr(
+            self, f"cmd_{cmd}", None
+        )
+        if not isinstance(cmd, str) or method is None:
+            raise DriverError(f"unknown command {cmd!r}")
+        response: dict[str, Any]
+        try:
+            result = await method(command)
+        except envq.EnvqError as exc:
+            response = {"ok": False, "error": _error(exc), "message": str(exc)}
+        except ValueError as exc:
+            response = {"ok": False, "error": ERRORS["ValueError"], "message": str(exc)}
+        else:
+            response = {"ok": True, "result": result}
+        returned = time.time()
+        if cmd in ("quit", "reset", "hello") or self.queue_name is None:
+            events: list[dict[str, Any]] = [ev for _, ev in self.pending]
+            self.pending = []
+            at = len(events)
+        else:
+            await self.settle()
+            stats = cmd == "stats" and response["ok"]
+            timed, counts = await self.collect(stats=stats)
+            events = [ev for _, ev in timed]
+            at = sum(1 for w, _ in timed if w <= returned)
+            if stats:
+                at = len(events)
+                response["result"] = self._stats(counts)
+            elif cmd in ("stop", "wait_stopped") and response["ok"]:
+                response["result"] = self._stop_result(response["result"])
+        response["events"] = events
+        response["at"] = at
+        response["t"] = self.model(time.time())
+        return response
+
+    def _stats(self, counts: Any) -> dict[str, Any]:
+        state, by_state = counts
+        live = ("buffered", "ready", "delayed", "running", "parked")
+        return {
+            "state": state,
+            "capacity_used": sum(n for s, n in by_state.items() if s in live),
+            "by_state": {s: n for s, n in by_state.items() if s in live},
+            "in_flight": by_state.get("running", 0),
+        }
+
+    def _stop_result(self, result: Any) -> Any:
+        if isinstance(result, dict) and result.get("timed_out"):
+            return result
+        if self.life in ("stopped", "terminated") or self.run is None:
+            return self.last_report
+        return self._report(complete=False)
+
+    async def cmd_hello(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Agree on the protocol and take the time scale."""
+        if command.get("protocol", PROTOCOL) != PROTOCOL:
+            raise DriverError(f"protocol {command.get('protocol')!r} unknown (speaks {PROTOCOL})")
+        if "time_scale" in command:
+            value = command["time_scale"]
+            try:
+                scale = _number(command, "time_scale")
+            except DriverError:
+                scale = 0.0
+            if scale <= 0:
+                raise DriverError(f"time_scale must be a finite number > 0, got {value!r}")
+            self.scale = scale
+        self._t0 = time.time()
+        return {
+            "driver": "envq.postgres",
+            "version": envq.__version__,
+            "protocol": PROTOCOL,
+            "clock": "real",
+            "features": list(FEATURES),
+            "divergences": [dict(d) for d in DIVERGENCES],
+        }
+
+    async def cmd_queue(self, command: dict[str, Any]) -> None:
+        """A new queue in the database, served by the nodes."""
+        if self.nodes and self.life != QueueState.TERMINATED.value:
+            raise DriverError("the previous queue was not terminated")
+        workers = _count(command, "workers", 1)
+        if workers < 1:
+            raise DriverError(f"workers must be >= 1, got {workers}")
+        capacity = _count(command, "capacity", 0)
+        stop_mode = _choice(StopMode, command.get("stop_mode", "drain"), "stop_mode")
+        wait = _flag(command, "wait", True)
+        await self._drop_queue()
+        self.queue_name = f"conform-{uuid.uuid4().hex[:12]}"
+        self.wait_default = bool(wait)
+        self.life = QueueState.INIT.value
+        self.run = None
+        self.last_report = _report([], [], [], complete=False)
+        self.states.clear()
+        self.by_seq.clear()
+        poll = max(0.005, min(0.05, self.real(0.1)))
+        self.nodes = [
+            PgQueue(
+                self.dsn,
+                self.queue_name,
+                workers=n,
+                capacity=capacity,
+                lease=30.0,
+                node=f"conform-node-{i}",
+                poll=poll,
+                stop_mode=stop_mode,
+            )
+            for i, n in enumerate(share(workers, self.node_count))
+        ]
+        for node in self.nodes:
+            await node.connect()
+        await self._pool().execute(
+            "UPDATE envq.queues SET journal = true WHERE name = $1", self.queue_name
+        )
+
+    async def cmd_define(self, command: dict[str, Any]) -> None:
+        """A scripted envelope, under the name the later commands use (its ``id``)."""
+        name = command.get("env")
+        if not isinstance(name, str) or name in self.envs:
+            raise DriverError(f"bad or duplicate envelope name {name!r}")
+        data = command.get("spec", {})
+        if not isinstance(data, dict):
+            raise DriverError(f"spec must be an object, got {data!r}")
+        try:
+            spec = EnvSpec.from_json(data)
+            if spec.cron:
+                raise ValueError("cron is not supported by this driver")
+            retry = None
+            if spec.policy is Policy.RETRY:
+                retry = envq.Retry(
+                    attempts=spec.attempts,
+                    base=self.real(spec.base),
+                    cap=self.real(spec.cap),
+                    jitter=False,
+                )
+            env = envq.Envelope(
+                invoke=invoke,
+                id=name,
+                type=spec.type,
+                interval=self.real(spec.interval),
+                deadline=self.real(spec.deadline),
+                delay=self.real(spec.delay),
+                schedule=envq.FIXED_RATE if spec.fixed_rate else envq.FIXED_DELAY,
+                on_failure=on_failure if spec.policy.has_on_failure else None,
+                retry=retry,
+                payload={"env": name, "session": self.token},
+            )
+        except (TypeError, ValueError) as exc:
+            raise DriverError(f"bad spec for {name!r}: {exc}") from exc
+        self.envs[name] = env
+        self.specs[name] = spec
+        self.scripts[name] = collections.deque(spec.script)
+
+    async def cmd_plan(self, command: dict[str, Any]) -> None:
+        """Append a plan to an envelope's script."""
+        name = command.get("env")
+        if not isinstance(name, str) or name not in self.envs:
+            raise DriverError(f"unknown envelope {name!r}")
+        self.scripts[name].append(_choice(Plan, command.get("plan"), "plan"))
+
+    async def cmd_release(self, command: dict[str, Any]) -> bool:
+        """Let a hanging attempt go on with a plan; False if it does not hang."""
+        name = command.get("env")
+        plan = _choice(Plan, command.get("plan"), "plan")
+        if plan not in HANG_RELEASES:
+            raise DriverError(f"a hanging attempt is released with one of {HANG_RELEASES}")
+        gate = self.gates.get(name) if isinstance(name, str) else None
+        if gate is None:
+            return False
+        gate[1].append(plan)
+        gate[0].set()
+        return True
+
+    async def cmd_start(self, command: dict[str, Any]) -> None:
+        """``start()`` on the first node; the others then serve too (a no-op call)."""
+        first = self._queue()
+        await first.start()
+        for node in self.nodes[1:]:
+            if node.workers:
+                await node.start()
+
+    def _sender(self) -> PgQueue:
+        """The node a send goes through: each in turn."""
+        node = self.nodes[self.sender % len(self.nodes)]
+        self.sender += 1
+        return node
+
+    async def cmd_send(self, command: dict[str, Any]) -> None:
+        """``send(*envs)`` through one of the nodes."""
+        self._queue()
+        names = self._names(command)
+        await self._sender().send(*(self.envs[n] for n in names))
+
+    async def _blocking(self, coro: Coroutine[Any, Any, Any], command: dict[str, Any]) -> Any:
+        """Await ``coro`` for at most the command's ``limit`` (model seconds); on time
+        out it goes on, and the answer is ``{"timed_out": true}``."""
+        try:
+            limit = _optional(command, "limit")
+        except DriverError:
+            coro.close()
+            raise
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        if limit is None:
+            return await task
+        done, _ = await asyncio.wait({task}, timeout=self.real(limit))
+        if not done:
+            return {"timed_out": True}
+        return task.result()
+
+    async def cmd_send_wait(self, command: dict[str, Any]) -> Any:
+        """``send_wait(*envs, timeout)``; blocks for at most ``limit``."""
+        self._queue()
+        names = self._names(command)
+        timeout = _optional(command, "timeout")
+        node = self._sender()
+
+        async def go() -> None:
+            try:
+                await node.send_wait(
+                    *(self.envs[n] for n in names),
+                    timeout=None if timeout is None else self.real(timeout),
+                )
+            except TimeoutError:
+                raise envq.CapacityExceeded("send_wait(): no room in time") from None
+
+        return await self._blocking(go(), command)
+
+    async def cmd_stop(self, command: dict[str, Any]) -> Any:
+        """``stop(mode, cancel, wait)`` on the first node; the report, from the journal."""
+        q = self._queue()
+        mode = command.get("mode")
+        _optional(command, "limit")
+        chosen = None if mode is None else _choice(StopMode, mode, "mode")
+        cancel = bool(_flag(command, "cancel", False))
+        wait = _flag(command, "wait", None)
+        if wait is None:
+            wait = self.wait_default
+        if cancel and (chosen or q.stop_mode) is StopMode.DRAIN:
+            raise ValueError("stop(): cancel=True needs mode=stop, the mode is drain")
+        state = await q.state()
+        if state in (QueueState.INIT, QueueState.STOPPED, QueueState.TERMINATED):
+            return None  # a no-op: the last report
+        return await self._blocking(q.stop(chosen, cancel=cancel, wait=wait), command)
+
+    async def cmd_wait_stopped(self, command: dict[str, Any]) -> Any:
+        """``wait_stopped()``; the final report."""
+        q = self._queue()
+        return await self._blocking(q.wait_stopped(), command)
+
+    async def cmd_terminate(self, command: dict[str, Any]) -> Any:
+        """``terminate()`` on the first node; the names of the envelopes handed back."""
+        q = self._queue()
+
+        async def handed() -> Any:
+            envelopes = await q.terminate()
+            return {"handed_back": [str(env.id) for env in envelopes]}
+
+        return await self._blocking(handed(), command)
+
+    async def cmd_advance(self, command: dict[str, Any]) -> None:
+        """Let ``seconds`` of model time pass."""
+        await asyncio.sleep(self.real(_number(command, "seconds", 0)))
+
+    async def cmd_stats(self, command: dict[str, Any]) -> None:
+        """The statistics, answered from the snapshot the observations come from."""
+        self._queue()
+
+    async def cmd_reset(self, command: dict[str, Any]) -> None:
+        """Start over as a fresh session (same database and time scale)."""
+        await self._drop_queue()
+        scale, db = self.scale, self.db
+        self.__init__(self.dsn, self.node_count)  # type: ignore[misc]
+        self.scale, self.db = scale, db
+        _ACTIVE[:] = [self]
+
+    async def cmd_quit(self, command: dict[str, Any]) -> None:
+        """End the session."""
+        await self.close()
+
+
+def _report(
+    parked: list[str], completed: list[str], cancelled: list[str], *, complete: bool
+) -> dict[str, Any]:
+    return {
+        "parked": list(parked),
+        "completed": list(completed),
+        "cancelled": list(cancelled),
+        "complete": complete,
+    }
+
+
+class _Loop:
+    """The session's event loop, running in a thread of its own so that the nodes go
+    on between commands."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def answer(loop: _Loop, session: Session, line: str) -> tuple[dict[str, Any], bool]:
+    """The response to one command line, and whether it was ``quit``."""
+    try:
+        command = json.loads(line)
+        if not isinstance(command, dict):
+            raise DriverError(f"a command is a JSON object, got {command!r}")
+        return loop.run(session.handle(command)), command.get("cmd") == "quit"
+    except (DriverError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return {"ok": False, "error": "DriverError", "message": str(exc), "events": []}, False
+    except (Exception, concurrent.futures.CancelledError) as exc:
+        log.exception("the driver failed")
+        message = f"the driver failed: {type(exc).__name__}: {exc}"
+        return {"ok": False, "error": "DriverError", "message": message, "events": []}, False
+
+
+def serve(dsn: str, nodes: int, stdin: TextIO, stdout: TextIO) -> None:
+    """Answer one JSON command per line until ``quit`` or the end of input."""
+    loop = _Loop()
+    session = Session(dsn, nodes)
+    _ACTIVE[:] = [session]
+    try:
+        loop.run(session.open())
+        for line in stdin:
+            if not line.strip():
+                continue
+            response, quitting = answer(loop, _ACTIVE[0], line)
+            stdout.write(json.dumps(response) + "\n")
+            stdout.flush()
+            if quitting:
+                return
+        loop.run(_ACTIVE[0].close())
+    finally:
+        loop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m envq.postgres.driver [--nodes N] [--dsn DSN]``."""
+    parser = argparse.ArgumentParser(prog="python -m envq.postgres.driver", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=3, help="PgQueue nodes per queue (3)")
+    parser.add_argument("--dsn", help="the database (default: $ENVQ_DSN, else a throwaway one)")
+    args = parser.parse_args(argv)
+    if args.nodes < 1:
+        parser.error(f"--nodes must be >= 1, got {args.nodes}")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # A planned on_failure crash is logged by the queue; that is not the protocol's.
+    logging.getLogger("envq").setLevel(logging.CRITICAL)
+    dsn = args.dsn or os.environ.get("ENVQ_DSN")
+    server: ThrowawayServer | None = None
+    if not dsn:
+        from envq.postgres._server import ThrowawayServer  # noqa: PLC0415
+
+        server = ThrowawayServer()
+        server.start()
+        dsn = server.dsn()
+    try:
+        serve(dsn, args.nodes, sys.stdin, sys.stdout)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    # The envelopes name their callables by import path: run the module's own copy,
+    # not this __main__ one, so that the nodes resolve them to the same objects.
+    from envq.postgres.driver import main as _main
+
+    sys.exit(_main())
