@@ -453,8 +453,8 @@ class Node:
                 kind, delay, failures = await self._decide(
                     w, env, row, outcome, cause, flight.claimed_at
                 )
-            # The worker is free while the end commits (with others, in one batch).
-            self._free(flight)
+            # The slot stays taken until the end commits: the envelope is RUNNING until
+            # then, and a node never has more than `workers` envelopes RUNNING.
             await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
         finally:
             self._free(flight)
