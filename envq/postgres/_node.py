@@ -76,11 +76,13 @@ class Host(Protocol):
     async def _try_drained(self) -> None: ...
 
 
-_FINISH_MANY: Final = """
-SELECT * FROM envq.finish_many($1::bigint[], $2::uuid[], $3::envq.envelope_event[],
-                               $4::envq.decision_kind[], $5::envq.cancel_cause[],
-                               $6::float8[], $7::integer[])
+_FINISH_AND_CLAIM: Final = """
+SELECT * FROM envq.finish_and_claim($1::bigint[], $2::uuid[], $3::envq.envelope_event[],
+                                    $4::envq.decision_kind[], $5::envq.cancel_cause[],
+                                    $6::float8[], $7::integer[], $8, $9, $10,
+                                    $11 * interval '1 second')
 """
+_RUNNING: Final = EnvState.RUNNING.value
 
 _EXPIRE: Final = """
 SELECT envq.expire($1, $2, $3::envq.decision_kind,
@@ -306,16 +308,19 @@ class Node:
                 backoff = min(backoff * 2, self.poll)
                 continue
             for row in rows:
-                w = Worker(self._epoch)
-                flight = _Flight(row, w)
-                self._flights[row["seq"]] = flight
-                self._busy += 1
-                task = asyncio.create_task(self._run(flight))
-                self._attempts.add(task)
-                task.add_done_callback(self._attempts.discard)
+                self._launch(row)
             if not rows:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll)
+
+    def _launch(self, row: Row) -> None:
+        """Start the attempt of a claimed row (a slot taken until its end commits)."""
+        flight = _Flight(row, Worker(self._epoch))
+        self._flights[row["seq"]] = flight
+        self._busy += 1
+        task = asyncio.create_task(self._run(flight))
+        self._attempts.add(task)
+        task.add_done_callback(self._attempts.discard)
 
     async def _keep(self) -> None:
         """Renew leases, move due envelopes, reap expired leases, follow the lifecycle."""
@@ -519,10 +524,13 @@ class Node:
             self._ending_ready.clear()
             batch, self._ending = self._ending, []
             while batch:
+                # The slots these ends free are taken again by as many claims in the
+                # same statement (while the node serves): one round trip, one commit.
+                how_many = len(batch) if self.serving else 0
                 try:
                     async with self._host._session() as conn:
                         found = await conn.fetch(
-                            _FINISH_MANY,
+                            _FINISH_AND_CLAIM,
                             [e.seq for e in batch],
                             [e.token for e in batch],
                             [e.outcome for e in batch],
@@ -530,6 +538,10 @@ class Node:
                             [e.cause for e in batch],
                             [e.delay for e in batch],
                             [e.failures for e in batch],
+                            self.name,
+                            self.node,
+                            how_many,
+                            self.lease,
                         )
                 except _lost(asyncpg) as err:
                     # Lost the database: try again while the leases may still hold.
@@ -543,7 +555,12 @@ class Node:
                     pause = min(pause * 2, 1.0)
                     continue
                 pause = 0.05
-                states = {r[0]: r[1] for r in found}
+                states = {}
+                for r in found:
+                    if r["state"] == _RUNNING:  # claimed (an end never leads to RUNNING)
+                        self._launch(r)
+                    else:
+                        states[r["seq"]] = r["state"]
                 for e in batch:
                     if not e.done.done():
                         e.done.set_result(states.get(e.seq))

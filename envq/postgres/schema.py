@@ -457,19 +457,7 @@ BEGIN
     -- refused by the fence. Ends, sends and lifecycle calls are durable.
     PERFORM set_config('synchronous_commit', 'off', true);
     RETURN QUERY
-    UPDATE envq.envelopes AS e
-       SET state = '{running}', event = '{dispatch}', attempt = e.attempt + 1,
-           lease_token = gen_random_uuid(), lease_owner = owner,
-           lease_expires_at = clock_timestamp() + lease
-      FROM (SELECT c.seq FROM envq.envelopes AS c
-             WHERE c.queue = queue_name AND c.state = '{ready}'
-               AND EXISTS (SELECT FROM envq.queues AS q
-                            WHERE q.name = queue_name AND q.state IN ({dispatching}))
-             ORDER BY c.seq
-             LIMIT how_many
-               FOR UPDATE OF c SKIP LOCKED) AS picked
-     WHERE e.seq = picked.seq
-    RETURNING e.*;
+{claim_update}
 END
 $$;
 COMMENT ON FUNCTION envq.claim IS
@@ -524,24 +512,37 @@ CREATE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
                                  failures integer[])
 RETURNS TABLE (seq bigint, state envq.envelope_state)
 LANGUAGE sql AS $$
-    UPDATE envq.envelopes AS e
-       SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
-                                        f.decision, f.cause, q.stop_mode, false),
-           event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
-           due_at = clock_timestamp() + f.delay * interval '1 second',
-           failures = coalesce(f.failures, e.failures),
-           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
-      FROM (SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
-                   AS u(seq, token, outcome, decision, cause, delay, failures)
-             ORDER BY u.seq) AS f,
-           envq.queues AS q
-     WHERE e.seq = f.seq AND q.name = e.queue AND e.state = 'running'
-       AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
-    RETURNING e.seq, e.state
+{finish_update}
 $$;
 COMMENT ON FUNCTION envq.finish_many IS
     'finish for many attempts in one statement (one commit): the rows it returns are '
     'the attempts whose token held; the others changed nothing.';
+
+CREATE FUNCTION envq.finish_and_claim(end_seqs bigint[], end_tokens uuid[],
+                                      end_outcomes envq.envelope_event[],
+                                      end_decisions envq.decision_kind[],
+                                      end_causes envq.cancel_cause[],
+                                      end_delays double precision[],
+                                      end_failures integer[],
+                                      queue_name text, owner text, how_many integer,
+                                      lease interval)
+RETURNS SETOF envq.envelopes
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- The ends (as finish_many; every returned row is not RUNNING), then in the same
+    -- transaction, durable, the claim of up to how_many (RUNNING, owned by owner): a
+    -- node that ends attempts starts the next ones in one round trip.
+    RETURN QUERY
+{finish_update_rows};
+    IF how_many > 0 THEN
+        RETURN QUERY
+{claim_update}
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION envq.finish_and_claim IS
+    'finish_many, then claim up to how_many more, in one transaction: the ended rows '
+    '(not running) and the claimed ones (running).';
 
 CREATE FUNCTION envq.expire(seq bigint, token uuid,
                             decision envq.decision_kind DEFAULT NULL,
@@ -620,6 +621,38 @@ COMMENT ON FUNCTION envq.broadcast IS
 """
 
 
+_CLAIM_UPDATE: Final = """\
+    UPDATE envq.envelopes AS e
+       SET state = '{running}', event = '{dispatch}', attempt = e.attempt + 1,
+           lease_token = gen_random_uuid(), lease_owner = owner,
+           lease_expires_at = clock_timestamp() + lease
+      FROM (SELECT c.seq FROM envq.envelopes AS c
+             WHERE c.queue = queue_name AND c.state = '{ready}'
+               AND EXISTS (SELECT FROM envq.queues AS q
+                            WHERE q.name = queue_name AND q.state IN ({dispatching}))
+             ORDER BY c.seq
+             LIMIT how_many
+               FOR UPDATE OF c SKIP LOCKED) AS picked
+     WHERE e.seq = picked.seq
+    RETURNING e.*;"""
+
+_FINISH_UPDATE: Final = """\
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
+                                        f.decision, f.cause, q.stop_mode, false),
+           event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
+           due_at = clock_timestamp() + f.delay * interval '1 second',
+           failures = coalesce(f.failures, e.failures),
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM (SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
+                   AS u(seq, token, outcome, decision, cause, delay, failures)
+             ORDER BY u.seq) AS f,
+           envq.queues AS q
+     WHERE e.seq = f.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.seq, e.state"""
+
+
 def _leases() -> str:
     """The lease functions, with the dispatch move and the dispatching lifecycle
     states taken from the tables."""
@@ -627,7 +660,18 @@ def _leases() -> str:
     assert dispatched is not None
     dispatching = ", ".join(_q(s.value) for s in QueueState if s in DISPATCHING)
     return (
-        _LEASES.replace("{dispatch}", event_label(EnvEvent.DISPATCH))
+        # The shared statement bodies first: they hold placeholders of their own.
+        _LEASES.replace("{claim_update}", _CLAIM_UPDATE)
+        .replace(
+            "{finish_update_rows}",
+            _FINISH_UPDATE.replace(
+                "unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)",
+                "unnest(end_seqs, end_tokens, end_outcomes, end_decisions, end_causes,\n"
+                "                          end_delays, end_failures)",
+            ).replace("RETURNING e.seq, e.state", "RETURNING e.*"),
+        )
+        .replace("{finish_update}", _FINISH_UPDATE)
+        .replace("{dispatch}", event_label(EnvEvent.DISPATCH))
         .replace("{ready}", EnvState.READY.value)
         .replace("{running}", dispatched.value)
         .replace("{dispatching}", dispatching)
