@@ -25,7 +25,7 @@ import inspect
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from envq._envelope import Envelope, Invoker, Stamp
     from envq._timers import Deadlines
 
-__all__ = ["Runner", "Threads", "Worker"]
+__all__ = ["Runner", "Threads", "Worker", "expire_limits"]
 
 log = logging.getLogger("envq")
 
@@ -537,6 +537,24 @@ class Runner:
             )
             return drop()
         return decision
+
+
+def expire_limits(workers: Iterable[Worker], limit: float) -> float:
+    """A deadline timer fired at loop time ``limit``: cancel every worker whose limit is
+    ``<= limit`` (noting it in ``fired``); the earliest limit still running (inf for
+    none)."""
+    following = _INF
+    for w in workers:
+        at = w.expiry
+        if at <= limit:
+            w.expiry = _INF
+            w.fired = at
+            if w.task is not None:
+                w.owed += 1
+                w.task.cancel()
+        elif at < following:
+            following = at
+    return following
 
 
 def _no_clock() -> float:

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
-from envq._attempt import Runner, Worker
+from envq._attempt import Runner, Worker, expire_limits
 from envq._envelope import Enter, Envelope, _Rec
 from envq._limits import RateLimiter, ask_limiter
 from envq._machine import (
@@ -333,18 +333,7 @@ class Crew:
     def expire(self, limit: float) -> float:
         """The deadline timer: cancel every worker whose limit is ``<= limit``; the
         earliest limit still running (inf for none)."""
-        following = math.inf
-        for w in self.workers:
-            at = w.expiry
-            if at <= limit:
-                w.expiry = math.inf
-                w.fired = at
-                if w.task is not None:
-                    w.owed += 1
-                    w.task.cancel()
-            elif at < following:
-                following = at
-        return following
+        return expire_limits(self.workers, limit)
 
     def disarm_deadlines(self) -> None:
         """A worker goes idle: once no worker has a limit running, the deadline timer

@@ -329,9 +329,9 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "queue-deadline-not-recorded",
-        "_crew.py",
-        "                w.expiry = math.inf\n                w.fired = at\n",
-        "                w.expiry = math.inf\n",
+        "_attempt.py",
+        "            w.expiry = _INF\n            w.fired = at\n",
+        "            w.expiry = _INF\n",
         "the deadline timer cancels an overdue worker without noting why: a TIMEOUT counts as"
         " ERROR",
     ),

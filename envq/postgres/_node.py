@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, assert_never
 
 import attrs
 
-from envq._attempt import Runner, Threads, Worker
+from envq._attempt import Runner, Threads, Worker, expire_limits
 from envq._envelope import Envelope
 from envq._errors import MaxRetriesExceeded
 from envq._machine import (
@@ -665,19 +665,7 @@ class Node:
     # -- time limits and cancels ---------------------------------------------------------
 
     def _expire_limits(self, limit: float) -> float:
-        following = float("inf")
-        for flight in self._flights.values():
-            w = flight.worker
-            at = w.expiry
-            if at <= limit:
-                w.expiry = float("inf")
-                w.fired = at
-                if w.task is not None:
-                    w.owed += 1
-                    w.task.cancel()
-            elif at < following:
-                following = at
-        return following
+        return expire_limits((flight.worker for flight in self._flights.values()), limit)
 
     def _abandoned(self, w: Worker) -> None:
         """A worker cancelled by someone other than envq (the loop closing): its attempt
