@@ -34,7 +34,6 @@ import collections
 import concurrent.futures
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -46,7 +45,6 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 import envq
 from envq._machine import QueueState, StopMode
 from envq.conform.protocol import (
-    CAUSES,
     ERRORS,
     HANG_RELEASES,
     LONG_SECONDS,
@@ -55,6 +53,16 @@ from envq.conform.protocol import (
     EnvSpec,
     Plan,
     Policy,
+)
+from envq.driver import (  # the protocol's argument checks, shared with the reference
+    DriverError,
+    _cause,
+    _choice,
+    _count,
+    _error,
+    _flag,
+    _number,
+    _optional,
 )
 from envq.postgres._queue import PgQueue
 
@@ -128,59 +136,6 @@ SETTLE_SHARE: Final = 0.1
 SETTLE_MAX: Final = 0.5
 
 log = logging.getLogger("envq.postgres.driver")
-
-
-class DriverError(Exception):
-    """A command the driver cannot carry out (a protocol error, not a queue's)."""
-
-
-def _error(exc: BaseException) -> str:
-    for cls in type(exc).__mro__:
-        if cls.__name__ in ERRORS:
-            return ERRORS[cls.__name__]
-    return f"other:{type(exc).__name__}"
-
-
-def _cause(exc: BaseException) -> str:
-    name = type(exc).__name__
-    return CAUSES.get(name, f"other:{name}")
-
-
-def _number(command: dict[str, Any], field: str, default: float | None = None) -> float:
-    value = command.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DriverError(f"{field} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise DriverError(f"{field} must be finite and >= 0, got {value!r}")
-    return float(value)
-
-
-def _optional(command: dict[str, Any], field: str) -> float | None:
-    return None if command.get(field) is None else _number(command, field)
-
-
-def _count(command: dict[str, Any], field: str, default: int) -> int:
-    value = command.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DriverError(f"{field} must be a whole number >= 0, got {value!r}")
-    return value
-
-
-def _flag(command: dict[str, Any], field: str, default: bool | None) -> bool | None:
-    value = command.get(field, default)
-    if value is None and default is None:
-        return None
-    if not isinstance(value, bool):
-        raise DriverError(f"{field} must be true or false, got {value!r}")
-    return value
-
-
-def _choice(kind: type[Plan] | type[StopMode], value: object, field: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        names = [m.value for m in kind]
-        raise DriverError(f"{field} must be one of {names}, got {value!r}") from None
 
 
 def share(workers: int, nodes: int) -> list[int]:
