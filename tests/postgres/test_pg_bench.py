@@ -1,26 +1,24 @@
 """The PostgreSQL benchmark's harness (``benchmarks/postgres.py``) measures what it says.
 
-One tiny run of the measuring function with one peer and one worker process: every
-job it enqueued is done, every latency job reported its start, and the figures are
-positive. No figure is compared with a target: speed is never asserted.
+One tiny run of the measuring function with envq.postgres (which the dev extra
+installs; the peers need the bench extra) and one worker process: every job it
+enqueued is done, every latency job reported its start, and the figures are positive.
+No figure is compared with a target: speed is never asserted.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from benchmarks import postgres as bench
 from envq.postgres._server import ThrowawayServer
 
 
 def test_tiny_run_gives_well_formed_figures(pg_server: ThrowawayServer) -> None:
-    pytest.importorskip("pgqueuer", reason="the bench extra is not installed")
     row = asyncio.run(
         bench.measure(
             pg_server,
-            "pgqueuer",
+            "envq",
             1,
             n=50,
             latency_jobs=10,
@@ -54,7 +52,7 @@ def test_tiny_run_gives_well_formed_figures(pg_server: ThrowawayServer) -> None:
         "rows": [summary],
     }
     text = bench.section(result)
-    assert "| pgqueuer | 1 |" in text
+    assert "| envq | 1 |" in text
     report = bench.splice("# report\n\n## Method\n\nhow\n", text)
     again = bench.splice(report, text)
     assert again == report
