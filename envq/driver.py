@@ -22,7 +22,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, TextIO
+from typing import Any, Final, TextIO, TypeAlias
 
 import envq
 from envq.conform.protocol import (
@@ -62,6 +62,38 @@ def _cause(exc: BaseException) -> str:
     """The protocol's name of a move's cause."""
     name = type(exc).__name__
     return CAUSES.get(name, f"other:{name}")
+
+
+Gates: TypeAlias = dict[str, tuple[asyncio.Event, list[Plan]]]
+
+
+async def play(
+    plan: Plan,
+    name: str,
+    gates: Gates,
+    observe: Callable[..., None],
+    real: Callable[[float], float],
+) -> Plan:
+    """The waiting part of an attempt's plan (``slow``, ``long``: sleep; ``hang``: wait
+    for ``release``, which names the plan to go on with); the plan the attempt then ends
+    by. A cancel seen while waiting is reported (``cancelled``) and goes on up."""
+    try:
+        if plan is Plan.SLOW or plan is Plan.LONG:
+            await asyncio.sleep(real(SLOW_SECONDS if plan is Plan.SLOW else LONG_SECONDS))
+            return Plan.OK
+        if plan is Plan.HANG:
+            gate = asyncio.Event()
+            holder: list[Plan] = []
+            gates[name] = (gate, holder)
+            try:
+                await gate.wait()
+            finally:
+                gates.pop(name, None)
+            return holder[0]
+    except asyncio.CancelledError:
+        observe("cancelled", env=name)
+        raise
+    return plan
 
 
 class DriverError(Exception):
@@ -281,22 +313,7 @@ class Session:
         script = self.scripts[name]
         plan = script.popleft() if script else self.specs[name].then
         self.observe("invoke", env=name, plan=plan.value)
-        try:
-            if plan is Plan.SLOW or plan is Plan.LONG:
-                await asyncio.sleep(self.real(SLOW_SECONDS if plan is Plan.SLOW else LONG_SECONDS))
-                plan = Plan.OK
-            elif plan is Plan.HANG:
-                gate = asyncio.Event()
-                holder: list[Plan] = []
-                self.gates[name] = (gate, holder)
-                try:
-                    await gate.wait()
-                finally:
-                    self.gates.pop(name, None)
-                plan = holder[0]
-        except asyncio.CancelledError:
-            self.observe("cancelled", env=name)
-            raise
+        plan = await play(plan, name, self.gates, self.observe, self.real)
         if plan is Plan.ERROR:
             raise RuntimeError(f"{name}: planned error")
         if plan is Plan.STOP:

@@ -47,9 +47,7 @@ from envq._machine import QueueState, StopMode
 from envq.conform.protocol import (
     ERRORS,
     HANG_RELEASES,
-    LONG_SECONDS,
     PROTOCOL,
-    SLOW_SECONDS,
     EnvSpec,
     Plan,
     Policy,
@@ -63,6 +61,7 @@ from envq.driver import (  # the protocol's argument checks, shared with the ref
     _flag,
     _number,
     _optional,
+    play,
 )
 from envq.postgres._queue import PgQueue
 
@@ -168,23 +167,7 @@ async def invoke(env: envq.Envelope) -> None:
     script = session.scripts[name]
     plan = script.popleft() if script else session.specs[name].then
     session.observe("invoke", env=name, plan=plan.value)
-    try:
-        if plan is Plan.SLOW or plan is Plan.LONG:
-            seconds = SLOW_SECONDS if plan is Plan.SLOW else LONG_SECONDS
-            await asyncio.sleep(session.real(seconds))
-            plan = Plan.OK
-        elif plan is Plan.HANG:
-            gate = asyncio.Event()
-            holder: list[Plan] = []
-            session.gates[name] = (gate, holder)
-            try:
-                await gate.wait()
-            finally:
-                session.gates.pop(name, None)
-            plan = holder[0]
-    except asyncio.CancelledError:
-        session.observe("cancelled", env=name)
-        raise
+    plan = await play(plan, name, session.gates, session.observe, session.real)
     error: BaseException | None = {
         Plan.ERROR: RuntimeError(f"{name}: planned error"),
         Plan.STOP: envq.StopEnvelope(),
