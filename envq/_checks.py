@@ -266,6 +266,8 @@ def name(what: str, value: object) -> str:
 def is_async_callable(fn: object) -> bool:
     """Whether calling ``fn`` returns a coroutine (``async def``, a partial of one, or an
     object whose ``__call__`` is ``async def``; never a class, which returns an instance)."""
+    if fn is None:  # an absent hook: the common case at construction
+        return False
     if fn.__class__ is FunctionType:  # the common case; a function's __call__ is a wrapper
         return inspect.iscoroutinefunction(fn)
     return inspect.iscoroutinefunction(fn) or (

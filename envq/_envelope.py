@@ -148,7 +148,9 @@ def _check_retry(inst: object, attr: attrs.Attribute[Any], value: object) -> Non
 
 
 def _check_schedule(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, Timing):
+    # A Schedule member first: a runtime Protocol's isinstance is slow, and construction
+    # is on every producer's path.
+    if value.__class__ is not Schedule and not isinstance(value, Timing):
         raise BadEnvelopeType(
             "Envelope: schedule must be envq.FIXED_DELAY, envq.FIXED_RATE, an envq.Cron "
             f"or another envq.Timing, got {_checks.show(value)}"
