@@ -84,6 +84,15 @@ SELECT * FROM envq.finish_and_claim($1::bigint[], $2::uuid[], $3::envq.envelope_
 """
 _RUNNING: Final = EnvState.RUNNING.value
 
+#: An expired attempt's row, locked for its reaper; none when another reaper holds it
+#: (SKIP LOCKED) or the attempt ended meanwhile.
+_REAPABLE: Final = """
+SELECT * FROM envq.envelopes
+ WHERE seq = $1 AND lease_token = $2 AND state = 'running'
+   AND lease_expires_at <= clock_timestamp()
+   FOR UPDATE SKIP LOCKED
+"""
+
 _EXPIRE: Final = """
 SELECT envq.expire($1, $2, $3::envq.decision_kind,
                    clock_timestamp() + $4::float8 * interval '1 second', $5)
@@ -233,7 +242,8 @@ class Node:
         loop = asyncio.get_running_loop()
         self._runner.bind(loop)
         self._deadlines.bind(loop)
-        await self._reap(self._host._db())
+        async with self._host._session() as conn:
+            await self._reap(conn)
 
     async def serve(self) -> None:
         self.serving = True
@@ -393,13 +403,23 @@ class Node:
         if state is QueueState.STOPPING:
             await self._host._try_drained()
 
-    async def _reap(self, db: asyncpg.Pool | _Conn) -> None:
-        rows = await db.fetch(
-            "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'running'"
-            " AND lease_expires_at <= clock_timestamp() ORDER BY seq LIMIT 100",
+    async def _reap(self, conn: _Conn) -> None:
+        rows = await conn.fetch(
+            "SELECT seq, lease_token FROM envq.envelopes WHERE queue = $1"
+            " AND state = 'running' AND lease_expires_at <= clock_timestamp()"
+            " ORDER BY seq LIMIT 100",
             self.name,
         )
         for row in rows:
+            await self._reap_one(conn, row["seq"], row["lease_token"])
+
+    async def _reap_one(self, conn: _Conn, seq: int, token: object) -> None:
+        """End one expired attempt: decided (``on_failure`` called) by the one reaper
+        that holds its row, so that two nodes reaping at once do not both decide."""
+        async with conn.transaction():
+            row = await conn.fetchrow(_REAPABLE, seq, token)
+            if row is None:  # another reaper holds it, or it ended meanwhile
+                return
             try:
                 env = decode(row)
             except Exception:  # its code is missing here: it fails
@@ -416,19 +436,17 @@ class Node:
                     w, env, row, Outcome.EXPIRED, cause, time.monotonic()
                 )
                 decision = None if kind is None else kind.value
-            ended = await db.fetchval(
-                _EXPIRE, row["seq"], row["lease_token"], decision, delay, failures
+            ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
+        if ended is not None:
+            self.counts_local["reaped"] += 1
+            log.info(
+                "queue %r: reaped envelope %s (lease of node %r expired): %s",
+                self.name,
+                seq,
+                row["lease_owner"],
+                ended,
             )
-            if ended is not None:
-                self.counts_local["reaped"] += 1
-                log.info(
-                    "queue %r: reaped envelope %s (lease of node %r expired): %s",
-                    self.name,
-                    row["seq"],
-                    row["lease_owner"],
-                    ended,
-                )
-                self._wake.set()
+            self._wake.set()
 
     # -- one attempt ---------------------------------------------------------------------
 

@@ -52,3 +52,16 @@ async def stop_type(env: envq.Envelope) -> None:
 def retry_then_drop(env: envq.Envelope, exc: BaseException | None, attempt: int) -> envq.Decision:
     """on_failure: retry at once twice, then drop."""
     return envq.retry_now() if attempt < 3 else envq.drop()
+
+
+#: Calls of :func:`slow_decision`, by the envelope's id.
+DECIDED: dict[object, int] = {}
+
+
+async def slow_decision(
+    env: envq.Envelope, exc: BaseException | None, attempt: int
+) -> envq.Decision:
+    """on_failure: take a while (two reapers could meet here), then drop."""
+    DECIDED[env.id] = DECIDED.get(env.id, 0) + 1
+    await asyncio.sleep(0.3)
+    return envq.drop()

@@ -315,6 +315,26 @@ class TestLeases:
                     await reaper.counts(),
                 )
 
+    async def test_two_reapers_at_once_decide_an_expired_attempt_once(
+        self, pg_dsn: str, qname: str
+    ) -> None:
+        """Both see the expired lease; only the one holding the row calls on_failure
+        (slow here, so that without the row lock both would be inside it together)."""
+        async with (
+            PgQueue(pg_dsn, qname, workers=0, node="r1") as one,
+            PgQueue(pg_dsn, qname, workers=0, node="r2") as two,
+        ):
+            await one.start()
+            await one.send(
+                envq.Envelope(invoke=pg_jobs.noop, id="twice?", on_failure=pg_jobs.slow_decision)
+            )
+            await self._claim_as_ghost(pg_dsn, qname, 0.05)
+            await asyncio.sleep(0.1)
+            await asyncio.gather(one._node.reap_unserved(), two._node.reap_unserved())
+            assert pg_jobs.DECIDED.get("twice?") == 1
+            assert one.counts_local["reaped"] + two.counts_local["reaped"] == 1
+            assert await one.counts() == {"failed": 1}
+
     async def test_an_expired_periodic_run_goes_on_with_its_schedule(
         self, pg_dsn: str, qname: str
     ) -> None:
