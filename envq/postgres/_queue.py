@@ -56,6 +56,7 @@ from envq._machine import (
 )
 from envq._values import HookTimeout, Rejection, Statistics
 from envq.postgres._codec import Encoded, decode, encode
+from envq.postgres._loop import on_its_loop
 from envq.postgres._node import CHANNEL, Node, _lost, _node_name
 from envq.postgres.schema import SCHEMA_VERSION, event_label, render
 
@@ -172,6 +173,8 @@ class PgQueue:
         self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
         self._dsn = dsn
         self._pool: asyncpg.Pool | None = None
+        #: The loop that opened the connections: every call runs there.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._dedups = 0
         self._rejections: dict[Rejection, int] = {}
         self._node = Node(
@@ -220,6 +223,7 @@ class PgQueue:
                 f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
             ) from None
 
+    @on_its_loop
     async def connect(self) -> None:
         """Open this process's connections and create the queue's row if it is new."""
         if self._pool is not None:
@@ -237,6 +241,7 @@ class PgQueue:
             raise StoreUnavailable(
                 f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
             ) from None
+        self._loop = asyncio.get_running_loop()
         await self._pool.execute(
             "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
         )
@@ -263,6 +268,7 @@ class PgQueue:
                     conn.terminate()
                 raise
 
+    @on_its_loop
     async def close(self) -> None:
         """Leave: this node stops claiming, lets its attempts in flight end (their
         results commit), and closes its connections. The shared queue is not stopped:
@@ -271,6 +277,7 @@ class PgQueue:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+        self._loop = None
 
     async def __aenter__(self) -> PgQueue:
         await self.connect()
@@ -326,6 +333,7 @@ class PgQueue:
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self.name)
         return row.action
 
+    @on_its_loop
     async def state(self) -> QueueState:
         """The shared queue's lifecycle state now."""
         value = await self._db().fetchval(
@@ -333,6 +341,7 @@ class PgQueue:
         )
         return QueueState(value)
 
+    @on_its_loop
     async def start(self) -> None:
         """Start the shared queue (a no-op when it runs) and, with ``workers > 0``, run
         this process's workers on it until :meth:`close`.
@@ -345,6 +354,7 @@ class PgQueue:
         if self.workers and not self._node.serving:
             await self._node.serve()
 
+    @on_its_loop
     async def stop(
         self, mode: StopMode | None = None, cancel: bool = False, wait: bool = True
     ) -> None:
@@ -368,6 +378,7 @@ class PgQueue:
         if wait:
             await self.wait_stopped()
 
+    @on_its_loop
     async def wait_stopped(self) -> QueueState:
         """Wait until the shared queue is STOPPED or TERMINATED; that state."""
         while True:
@@ -379,6 +390,7 @@ class PgQueue:
                 await self._try_drained()
             await self._node.sleep(min(self.poll, 0.2))
 
+    @on_its_loop
     async def terminate(
         self,
         timeout: float | None = None,  # noqa: ASYNC109 - bounded by the leases
@@ -461,6 +473,7 @@ class PgQueue:
 
     # -- sending -----------------------------------------------------------------------
 
+    @on_its_loop
     async def send(self, *envelopes: Envelope) -> int:
         """Admit envelopes, all or none, in one transaction; the number admitted (an
         envelope whose ``id`` is live in the queue already is a dedup, not admitted).
@@ -564,6 +577,7 @@ class PgQueue:
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self.name)
         return int(status.rsplit(" ", 1)[-1])
 
+    @on_its_loop
     async def send_wait(
         self,
         *envelopes: Envelope,
@@ -585,6 +599,7 @@ class PgQueue:
                     ) from None
                 await self._node.sleep(min(self.poll, 0.1))
 
+    @on_its_loop
     async def statistics(self) -> Statistics:
         """A snapshot. The queue's state, its envelopes by state (ended ones are kept
         as rows, so they count since the queue was made), those in flight and the
@@ -607,6 +622,7 @@ class PgQueue:
             stuck_threads=self._node.stuck_threads,
         )
 
+    @on_its_loop
     async def counts(self) -> dict[str, int]:
         """How many envelopes of the queue are in each state now."""
         rows = await self._db().fetch(
