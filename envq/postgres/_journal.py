@@ -22,7 +22,6 @@ their ``n`` only, so that they are not taken for holes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -249,6 +248,7 @@ class Follower:
         assert self._wake is not None
         self._ready.set()
         wake = self._wake
+        loop = asyncio.get_running_loop()
         while True:
             wake.clear()
             try:
@@ -259,8 +259,12 @@ class Follower:
                 raise  # an illegal move under STRICT: raised by close()
             except Exception:
                 log.exception("queue %r: events: reading the journal failed", self.name)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self.poll)
+            # Not wait_for: its timeout racing a cancel can swallow the cancel.
+            alarm = loop.call_later(self.poll, wake.set)
+            try:
+                await wake.wait()
+            finally:
+                alarm.cancel()
 
     async def _start(self) -> None:
         """Turn the journal on and start after its last row."""

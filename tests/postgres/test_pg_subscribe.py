@@ -449,3 +449,27 @@ class TestJournalOrder:
                     await until(lambda: len(rec.events) == 2)
         if not strict:
             assert rec.of("x")[-1] == (B, EnvState.SUCCEEDED, None)
+
+
+async def test_a_call_right_after_subscribe_waits_for_the_journal(
+    pg_dsn: str, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue's own calls made after subscribe() are reported even when the
+    journal takes a while to be turned on."""
+    from envq.postgres._journal import Follower  # noqa: PLC0415
+
+    start = Follower._start
+
+    async def slow_start(self: Follower) -> None:
+        await asyncio.sleep(0.3)
+        await start(self)
+
+    monkeypatch.setattr(Follower, "_start", slow_start)
+    rec = Recorder()
+    async with producer(pg_dsn, qname) as prod:
+        prod.subscribe(rec)
+        await prod.send(envq.Envelope(invoke=pg_jobs.noop, id="first"))
+        await prod.start()
+        await until(lambda: len(rec.events) == 3)
+    assert rec.of("first") == [(N, B, None), (B, R, None)]
+    assert rec.queue_moves() == [(QueueState.INIT, QueueState.RUNNING)]
