@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, nullcontext
+from pathlib import Path
 
 import pg_jobs
 import pytest
@@ -473,3 +474,45 @@ async def test_a_call_right_after_subscribe_waits_for_the_journal(
         await until(lambda: len(rec.events) == 3)
     assert rec.of("first") == [(N, B, None), (B, R, None)]
     assert rec.queue_moves() == [(QueueState.INIT, QueueState.RUNNING)]
+
+
+async def test_moves_of_node_processes_reach_a_subscriber(
+    pg_dsn: str, qname: str, tmp_path: Path
+) -> None:
+    """Two node processes (``python -m envq.postgres.node``) run the envelopes; the
+    subscriber, a producer in this process, hears of every move in order."""
+    from fault_support import Cluster  # noqa: PLC0415 - spawns node processes
+
+    rec = Recorder()
+    cluster = Cluster(pg_dsn, tmp_path)
+    try:
+        async with producer(pg_dsn, qname) as prod:
+            prod.subscribe(rec)
+            await prod.send(
+                *(envq.Envelope(invoke=pg_jobs.noop, id=f"ok{i}") for i in range(10)),
+                envq.Envelope(invoke=pg_jobs.fail, id="spent", retry=RETRY),
+            )
+            nodes = cluster.start(qname, ["sub-a", "sub-b"], workers=2, lease=5.0, poll=0.1)
+            await until(lambda: len(rec.of("spent")) == 10, limit=60.0)
+            await until(lambda: all(len(rec.of(f"ok{i}")) == 4 for i in range(10)))
+            for node in nodes:
+                node.leave()
+    finally:
+        cluster.close()
+    for i in range(10):
+        assert rec.of(f"ok{i}") == [
+            (N, B, None),
+            (B, R, None),
+            (R, RUN, None),
+            (RUN, EnvState.SUCCEEDED, Outcome.OK),
+        ]
+    failing_attempt = [(R, RUN, None), (RUN, D, Outcome.ERROR), (D, R, None)]
+    assert rec.of("spent") == [
+        (N, B, None),
+        (B, R, None),
+        *failing_attempt,
+        *failing_attempt,
+        (R, RUN, None),
+        (RUN, EnvState.FAILED, Outcome.ERROR),
+    ]
+    assert rec.queue_moves()[0] == (QueueState.INIT, QueueState.RUNNING)
