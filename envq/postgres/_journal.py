@@ -201,11 +201,14 @@ class Follower:
         from envq.postgres._node import _lost  # noqa: PLC0415
 
         self._connected = False
+        gone = _lost(asyncpg, TimeoutError)
         try:
             if catch_up and self._task is not None and not self._task.done():
                 try:
-                    await self.catch_up()
-                except _lost(asyncpg) as error:
+                    # Bounded: a database gone away must not hold the close up.
+                    async with asyncio.timeout(2 * self.hold + self.poll):
+                        await self.catch_up()
+                except gone as error:
                     log.warning(
                         "queue %r: events: the last moves could not be read (%s)", self.name, error
                     )
@@ -244,6 +247,9 @@ class Follower:
             except _lost(asyncpg) as error:
                 log.warning("queue %r: events: cannot read the journal (%s)", self.name, error)
                 await asyncio.sleep(self.poll)
+            except Exception:
+                log.exception("queue %r: events: cannot turn the journal on", self.name)
+                return
         assert self._ready is not None
         assert self._wake is not None
         self._ready.set()

@@ -516,3 +516,22 @@ async def test_moves_of_node_processes_reach_a_subscriber(
         (RUN, EnvState.FAILED, Outcome.ERROR),
     ]
     assert rec.queue_moves()[0] == (QueueState.INIT, QueueState.RUNNING)
+
+
+async def test_a_journal_that_cannot_be_read_is_logged_and_leaving_still_works(
+    pg_dsn: str, qname: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from envq.postgres._journal import Follower  # noqa: PLC0415
+
+    async def lost(self: Follower) -> None:
+        raise ConnectionResetError("the connection broke")
+
+    caplog.set_level(logging.WARNING, logger="envq.postgres")
+    async with producer(pg_dsn, qname) as prod:
+        prod.subscribe(Recorder())
+        monkeypatch.setattr(Follower, "_read_and_deliver", lost)
+        await prod.send(envq.Envelope(invoke=pg_jobs.noop, id="x"))
+        await until(lambda: any("cannot read the journal" in r.message for r in caplog.records))
+        assert await prod.counts() == {"buffered": 1}
+    assert not event_tasks()
+    assert any("last moves could not be read" in r.message for r in caplog.records)
