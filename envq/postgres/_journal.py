@@ -284,6 +284,8 @@ class Follower:
         self._floor = self._top = int(top)
         self._buffer.clear()
         self._holes.clear()
+        self._late.clear()
+        self._late_rows.clear()
 
     async def _round(self) -> None:
         """One read of the journal, and the delivery of what it settles."""
