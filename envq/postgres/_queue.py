@@ -24,6 +24,10 @@ is the fallback, so a pooler that breaks LISTEN costs latency, not correctness.
 Every node reads the lifecycle from the one row, so ``stop()`` on any node stops the
 queue everywhere, and ``terminate()`` hands back every envelope, re-created from its
 row.
+
+Listeners (:meth:`PgQueue.subscribe`) hear of the moves of every node: a subscription
+turns the queue's journal on and reads it back (:mod:`envq.postgres._journal`); a
+queue nobody subscribed to writes no journal.
 """
 
 from __future__ import annotations
