@@ -24,6 +24,10 @@ is the fallback, so a pooler that breaks LISTEN costs latency, not correctness.
 Every node reads the lifecycle from the one row, so ``stop()`` on any node stops the
 queue everywhere, and ``terminate()`` hands back every envelope, re-created from its
 row.
+
+Listeners (:meth:`PgQueue.subscribe`) hear of the moves of every node: a subscription
+turns the queue's journal on and reads it back (:mod:`envq.postgres._journal`); a
+queue nobody subscribed to writes no journal.
 """
 
 from __future__ import annotations
@@ -31,13 +35,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 from envq import _checks
+from envq._entry import elsewhere, hand_over
 from envq._envelope import Envelope
 from envq._errors import BadEnvelope, CapacityExceeded, QueueNotRunning, TypeBlacklisted
+from envq._listeners import Listener
 from envq._machine import (
     INITIAL,
     LIFECYCLE,
@@ -56,6 +62,7 @@ from envq._machine import (
 )
 from envq._values import HookTimeout, Rejection, Statistics
 from envq.postgres._codec import Encoded, decode, encode
+from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
 from envq.postgres._node import CHANNEL, Node, _lost, _node_name
 from envq.postgres.schema import SCHEMA_VERSION, event_label, render
@@ -146,6 +153,8 @@ class PgQueue:
     :param poll: seconds between polls when no notification arrives.
     :param stop_mode: how ``stop()`` treats ready envelopes by default.
     :param hook_timeout: the hooks' time budgets.
+    :param event_poll: seconds between reads of the journal while listeners are
+        subscribed (see :meth:`subscribe`).
     """
 
     def __init__(
@@ -160,6 +169,7 @@ class PgQueue:
         poll: float = 1.0,
         stop_mode: StopMode = StopMode.DRAIN,
         hook_timeout: HookTimeout | None = None,
+        event_poll: float = 0.1,
     ) -> None:
         where = "PgQueue()"
         if not isinstance(dsn, str) or not dsn:
@@ -171,6 +181,7 @@ class PgQueue:
         self.poll = _checks.seconds(f"{where} poll", poll, positive=True)
         self.node = _node_name() if node is None else _checks.name(f"{where} node", node)
         self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
+        self.event_poll = _checks.seconds(f"{where} event_poll", event_poll, positive=True)
         self._dsn = dsn
         self._pool: asyncpg.Pool | None = None
         #: The loop that opened the connections: every call runs there.
@@ -180,6 +191,7 @@ class PgQueue:
         self._node = Node(
             self, self.node, self.workers, self.lease, self.poll, hook_timeout or HookTimeout()
         )
+        self._events = Follower(self, self.event_poll)
 
     @property
     def counts_local(self) -> dict[str, int]:
@@ -245,6 +257,7 @@ class PgQueue:
         await self._pool.execute(
             "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
         )
+        self._events.connected()
 
     def _session_settings(self) -> dict[str, str]:
         """The settings of this node's sessions: their ``application_name`` names the
@@ -274,10 +287,13 @@ class PgQueue:
         results commit), and closes its connections. The shared queue is not stopped:
         other nodes go on."""
         await self._node.leave()
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
-        self._loop = None
+        try:
+            await self._events.close()
+        finally:
+            if self._pool is not None:
+                await self._pool.close()
+                self._pool = None
+            self._loop = None
 
     async def __aenter__(self) -> PgQueue:
         await self.connect()
@@ -300,6 +316,7 @@ class PgQueue:
     ) -> LifeAction:
         """Perform a lifecycle call on the shared row, and its moves of the envelopes,
         in one transaction; the row's action."""
+        await self._events.ready()
         async with self._db().acquire() as conn, conn.transaction():
             state = await conn.fetchval(
                 "SELECT state FROM envq.queues WHERE name = $1 FOR UPDATE", self.name
@@ -331,6 +348,7 @@ class PgQueue:
                     event_label(event),
                 )
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self.name)
+        self._events.wake()
         return row.action
 
     @on_its_loop
@@ -439,12 +457,54 @@ class PgQueue:
             if not running or (until is not None and loop.time() >= until):
                 break
             await self._node.sleep(min(self.poll, 0.2))
+        # The subscriptions end with the queue: their listeners hear of every move up
+        # to the hand-back first, while the handed-back rows are still there.
+        await self._events.close()
         rows = await db.fetch(
             "DELETE FROM envq.envelopes WHERE queue = $1 AND state = 'returned' RETURNING * ",
             self.name,
         )
         rows = sorted(rows, key=lambda r: r["seq"])
         return [decode(r) for r in rows]
+
+    # -- events ------------------------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(event)`` with an :class:`envq.Event` for every move of the
+        queue and its envelopes, made by any process sharing the queue, in the order
+        the database recorded them; returns an unsubscribe function. A listener that
+        raises is logged and never breaks the queue.
+
+        The events are read back from the database's journal: subscribing turns it on
+        for this queue (every move of the queue then also writes a journal row, on
+        every node, until an operator turns it off), and a task on this loop reads it
+        every ``event_poll`` seconds while this object is connected. The queue's own
+        calls made after ``subscribe`` are always reported; moves of other processes
+        from the moment the journal is read. From another thread, the call (and the
+        unsubscribe function's) is handed to the queue's loop while it runs.
+
+        :raises TypeError: ``listener`` is not a plain callable (an ``async def`` one
+            is refused: its coroutine would never be awaited).
+        """
+        _checks.plain_callable(
+            f"queue {self.name!r}: subscribe() listener",
+            listener,
+            "listeners are called synchronously on the queue's loop, so an async def "
+            "one's coroutine would never be awaited; start a task from a plain listener",
+        )
+        if elsewhere(self._loop):
+            assert self._loop is not None
+            return hand_over(self._loop, self.subscribe, listener)
+        remove = self._events.add(listener)
+
+        def unsubscribe() -> None:
+            if elsewhere(self._loop):
+                assert self._loop is not None
+                hand_over(self._loop, remove)
+            else:
+                remove()
+
+        return unsubscribe
 
     async def _try_drained(self) -> None:
         """A stop under way with nothing left to run or wait for ends (any node)."""
@@ -494,6 +554,7 @@ class PgQueue:
             return 0
         import asyncpg  # noqa: PLC0415
 
+        await self._events.ready()
         try:
             admitted = await self._send(rows)
         except tuple(_REJECTIONS) as error:
@@ -505,6 +566,7 @@ class PgQueue:
                 f"{label}: the connection was lost; nothing was admitted ({type(error).__name__})"
             ) from None
         self._dedups += len(rows) - admitted
+        self._events.wake()
         return admitted
 
     async def _send(self, rows: Sequence[Encoded]) -> int:
