@@ -85,3 +85,30 @@ async def test_a_call_while_the_home_loop_is_not_running_is_refused_by_name(
     finally:
         await asyncio.to_thread(home.run_until_complete, queue.close())
         home.close()
+
+
+async def test_subscribe_and_unsubscribe_from_a_plain_thread(pg_dsn: str) -> None:
+    name = f"tsub-{uuid.uuid4().hex[:6]}"
+    heard: list[tuple[int, envq.Event]] = []
+    async with PgQueue(pg_dsn, name, workers=1, poll=0.05, event_poll=0.05) as queue:
+        home = threading.get_ident()
+        unsubscribe = await asyncio.to_thread(
+            queue.subscribe, lambda event: heard.append((threading.get_ident(), event))
+        )
+        await queue.start()
+        await queue.send(envq.Envelope(invoke=pg_jobs.noop, id="from-a-thread"))
+        for _ in range(400):
+            if any(e.to_state is envq.EnvState.SUCCEEDED for _, e in heard):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(unsubscribe)
+        assert [e.to_state for _, e in heard if e.envelope is not None] == [
+            envq.EnvState.READY,
+            envq.EnvState.RUNNING,
+            envq.EnvState.SUCCEEDED,
+        ]
+        assert {thread for thread, _ in heard} == {home}
+        count = len(heard)
+        await queue.stop()
+        await asyncio.sleep(0.3)
+        assert len(heard) == count, "an unsubscribed listener heard the stop"
