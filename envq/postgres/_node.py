@@ -99,6 +99,15 @@ SELECT envq.expire($1, $2, $3::envq.decision_kind,
 """
 
 
+async def _nap(wake: asyncio.Event, seconds: float) -> None:
+    """Wait until ``wake`` is set or ``seconds`` have passed. Not ``wait_for``: on
+    Python 3.11 its timeout racing a cancel can swallow the cancel, and a node's task
+    would then outlive ``close()``."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await wake.wait()
+
+
 #: The result of an attempt's end the node could not commit (the database stayed
 #: away for longer than four leases): another node reaps the attempt.
 _GAVE_UP: Final = "gave up"
@@ -285,8 +294,7 @@ class Node:
 
     async def sleep(self, seconds: float) -> None:
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+        await _nap(self._wake, seconds)
 
     async def _pump(self) -> None:
         """Claim ready envelopes while there is room, and start their attempts."""
@@ -320,8 +328,7 @@ class Node:
             for row in rows:
                 self._launch(row)
             if not rows:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll)
+                await _nap(self._wake, self.poll)
 
     def _launch(self, row: Row) -> None:
         """Start the attempt of a claimed row (a slot taken until its end commits)."""

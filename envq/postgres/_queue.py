@@ -439,7 +439,8 @@ class PgQueue:
                 )
             self._node.wake()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wait_stopped(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.wait_stopped()
         await self._call(QueueCall.TERMINATE, cancel=CancelCause.TERMINATE)
         db = self._db()
         while True:
