@@ -187,7 +187,7 @@ def _node_name() -> str:
 class _Flight:
     """One attempt in flight on this node: its row, its lease, its worker."""
 
-    __slots__ = ("claimed_at", "claimed_db", "freed", "lost", "row", "token", "worker")
+    __slots__ = ("claimed_at", "freed", "lost", "row", "token", "worker")
 
     def __init__(self, row: Row, worker: Worker) -> None:
         self.row = row
@@ -196,8 +196,6 @@ class _Flight:
         self.lost = False
         self.freed = False
         self.claimed_at = time.monotonic()
-        #: The database's clock at the claim (epoch seconds).
-        self.claimed_db: float = row["updated_at"].timestamp()
 
 
 class Node:
@@ -523,7 +521,7 @@ class Node:
                 kind, delay, failures = DecisionKind.DROP, 0.0, None
             else:
                 kind, delay, failures = await self._decide(
-                    w, env, row, outcome, cause, flight.claimed_at, flight.claimed_db
+                    w, env, row, outcome, cause, flight.claimed_at, None
                 )
             # The slot stays taken until the end commits: the envelope is RUNNING until
             # then, and a node never has more than `workers` envelopes RUNNING.
@@ -641,13 +639,13 @@ class Node:
         outcome: Outcome,
         cause: BaseException | None,
         started: float,
-        started_db: float,
+        started_db: float | None,
     ) -> tuple[DecisionKind | None, float | None, int | None]:
         """The row of the outcome table for this attempt, performed as far as a node
         decides: its hooks, the failure decision and the delay before the next run (the
         target itself is the database's to compute). ``(decision, delay, failures)``;
         ``started`` is this node's monotonic clock when the database's read
-        ``started_db``."""
+        ``started_db`` (None: the claim's, the row's ``updated_at``)."""
         runner = self._runner
         kind = Kind(row["kind"])
         action = OUTCOMES[(kind, outcome)].action
@@ -696,19 +694,24 @@ class Node:
                 assert_never(action)
 
     @staticmethod
-    def _next_run(env: Envelope, row: Row, started: float, started_db: float) -> float | None:
+    def _next_run(
+        env: Envelope, row: Row, started: float, started_db: float | None
+    ) -> float | None:
         """Seconds from now to a periodic envelope's next run; None for FIXED_DELAY and
         FIXED_RATE, whose next run the database computes from the row (the grid from
         its scheduled start, whatever node ran it and however late it was claimed).
 
         A calendar's next run is its first fire after the attempt ended and after the
         fire this run was due at, so no fire runs twice. "Now" is the database's clock:
-        its time ``started_db`` when this node's monotonic clock read ``started``, plus
-        the time since, so this node's wall clock plays no part.
+        its time ``started_db`` (None: the claim's, the row's ``updated_at``) when this
+        node's monotonic clock read ``started``, plus the time since, so this node's
+        wall clock plays no part.
         """
         schedule = env.schedule
         if isinstance(schedule, Schedule):
             return None
+        if started_db is None:
+            started_db = row["updated_at"].timestamp()
         now = started_db + (time.monotonic() - started)
         due = row["due_at"]
         previous = now if due is None else due.timestamp()

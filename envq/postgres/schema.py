@@ -23,6 +23,9 @@ twice. The generated SQL (:func:`render`) creates, in the schema ``envq``:
   SKIP LOCKED``), each with a lease (a token, an owner, an expiry on the database's
   clock); ``renew`` extends every lease an owner still holds in one statement;
   ``finish`` ends an attempt where the tables lead, only while its token holds;
+* schedules: the ``cron`` and ``cron_tz`` columns of a calendar envelope, and
+  ``next_due``, the next run of a FIXED_DELAY or FIXED_RATE envelope (the grid from the
+  row's scheduled start), which the end of an attempt uses when a node passes no delay;
 * an optional journal (``envq.journal``): every move of a queue whose
   ``queues.journal`` is true, appended by the triggers (off by default).
 
