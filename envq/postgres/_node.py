@@ -104,12 +104,13 @@ SELECT envq.expire($1, $2, $3::envq.decision_kind,
 
 #: The calendar envelopes a start arms, with the wait a buffered one had left, and the
 #: database's clock.
-_CALENDARS: Final = """
+_ARMED_BY_START: Final = f"'{EnvState.BUFFERED.value}', '{EnvState.PARKED.value}'"
+_CALENDARS: Final = f"""
 SELECT seq, cron, cron_tz, state::text AS state,
        extract(epoch FROM greatest(due_at - updated_at, interval '0'))::float8 AS wait_s,
        extract(epoch FROM clock_timestamp())::float8 AS now_s
   FROM envq.envelopes
- WHERE queue = $1 AND cron IS NOT NULL AND state IN ('buffered', 'parked')
+ WHERE queue = $1 AND cron IS NOT NULL AND state IN ({_ARMED_BY_START})
    FOR UPDATE
 """
 
