@@ -149,10 +149,19 @@ class Encoded:
     cron_tz: str | None = None
 
 
-@functools.lru_cache(maxsize=256)
 def calendar(expr: str, tz: str) -> Cron:
-    """The :class:`envq.Cron` a row's ``cron`` and ``cron_tz`` columns stand for."""
-    return Cron(expr, tz=tz)
+    """The :class:`envq.Cron` a row's ``cron`` and ``cron_tz`` columns stand for (each
+    built once: checking an expression parses it)."""
+    key = (expr, tz)
+    found = _CALENDARS.get(key)
+    if found is None:
+        if len(_CALENDARS) >= 256:
+            _CALENDARS.clear()
+        found = _CALENDARS[key] = Cron(expr, tz=tz)
+    return found
+
+
+_CALENDARS: dict[tuple[str, str], Cron] = {}
 
 
 #: A calendar's wait when it has no fire in the next fifty years (an interval must be
