@@ -264,3 +264,52 @@ async def test_the_next_fixed_rate_point_is_computed_by_the_database(pg_dsn: str
         assert await next_due("fixed_rate", 1.0, 7.25) == 8.0
         assert await next_due("fixed_rate", 0.1, 0.3) == pytest.approx(0.4, abs=2e-6)
         assert await next_due("fixed_delay", 1.0, 7.25) == 8.25
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [envq.FIXED_RATE, envq.Cron("0 0 3 * * *")],
+    ids=["fixed-rate", "cron"],
+)
+async def test_a_reaped_run_is_rescheduled_on_its_schedule(
+    pg_dsn: str, schedule: envq.Timing
+) -> None:
+    """An attempt whose lease expired on another node is reaped and the envelope goes
+    on with its schedule: the next grid point or fire, not the reap's time plus the
+    interval."""
+    interval = 10.0 if schedule is envq.FIXED_RATE else 0.0
+    env = envq.Envelope(invoke=invoke, id="p", interval=interval, schedule=schedule)
+    name = _name()
+    async with PgQueue(pg_dsn, name, workers=0) as producer:
+        db = producer._db()
+        await producer.start()
+        await producer.send(env)
+        row = await _row(producer)
+        due = row["due_at"]
+        assert isinstance(due, dt.datetime)
+        scheduled = due.timestamp()
+        if row["state"] == "delayed":  # a calendar: make its fire due now
+            await db.execute(
+                "UPDATE envq.envelopes SET state = 'ready', event = 'due' WHERE queue = $1",
+                name,
+            )
+        claimed = await db.fetch(
+            "SELECT * FROM envq.claim($1, 'elsewhere', 1, interval '0.2 seconds')", name
+        )
+        assert len(claimed) == 1
+        async with PgQueue(pg_dsn, name, workers=1, poll=0.05) as reaper:
+            await reaper.start()
+            for _ in range(150):
+                if (await _row(producer))["state"] == "delayed":
+                    break
+                await asyncio.sleep(0.02)
+            row = await _row(producer)
+            await producer.terminate()
+    assert row["state"] == "delayed"
+    due = row["due_at"]
+    assert isinstance(due, dt.datetime)
+    if isinstance(schedule, envq.Cron):
+        expected = schedule.next_fire(scheduled)
+    else:
+        expected = scheduled + interval
+    assert abs(due.timestamp() - expected) < 0.05, (due.timestamp() - scheduled, expected)
