@@ -4,8 +4,9 @@ An envelope sent to a PostgreSQL queue is stored as a row and run, maybe, by ano
 process on another machine. What crosses is data: the callables (``invoke`` and the
 hooks) by their import path ``module:qualname``, which must name the very same object
 (no lambda, closure or bound method), ``id`` and ``payload`` as JSON, the retry policy
-by its fields. :func:`encode` checks all of it at the call site and names the field
-that cannot cross; :func:`decode` rebuilds an :class:`envq.Envelope` from a row.
+by its fields, a calendar schedule (:class:`envq.Cron`) by its expression and time
+zone name. :func:`encode` checks all of it at the call site and names the field that
+cannot cross; :func:`decode` rebuilds an :class:`envq.Envelope` from a row.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import importlib
 import json
 import math
+import zoneinfo
 from collections.abc import Callable, Hashable
 from typing import Any, Final
 
@@ -22,9 +24,19 @@ import attrs
 
 from envq._envelope import Envelope
 from envq._errors import BadEnvelope, BadEnvelopeType
+from envq._schedule import Cron
 from envq._values import Retry, Schedule
 
-__all__ = ["Encoded", "callable_name", "decode", "encode", "resolve"]
+__all__ = [
+    "Encoded",
+    "calendar",
+    "callable_name",
+    "decode",
+    "encode",
+    "fire_wait",
+    "first_wait",
+    "resolve",
+]
 
 #: The hooks an envelope row names, as (Envelope attribute, row column).
 HOOKS: Final = (
@@ -129,8 +141,71 @@ class Encoded:
     deadline: float
     hooks: tuple[str | None, str | None, str | None, str | None]
     retry: str | None
-    #: Seconds from the send to the first run (0: at once).
+    #: Seconds from the send to the first run (0: at once); for a calendar, to the
+    #: moment from which its first fire is looked for (the sender finds the fire).
     delay: float
+    #: A calendar schedule's cron expression and time zone name (None: no calendar).
+    cron: str | None = None
+    cron_tz: str | None = None
+
+
+def calendar(expr: str, tz: str) -> Cron:
+    """The :class:`envq.Cron` a row's ``cron`` and ``cron_tz`` columns stand for (each
+    built once: checking an expression parses it)."""
+    key = (expr, tz)
+    found = _CALENDARS.get(key)
+    if found is None:
+        if len(_CALENDARS) >= 256:
+            _CALENDARS.clear()
+        found = _CALENDARS[key] = Cron(expr, tz=tz)
+    return found
+
+
+_CALENDARS: dict[tuple[str, str], Cron] = {}
+
+
+#: A calendar's wait when it has no fire in the next fifty years (an interval must be
+#: finite): a hundred years.
+_NEVER: Final = 100 * 365.25 * 86400.0
+
+
+def fire_wait(fire: float, now: float) -> float:
+    """Seconds from ``now`` to ``fire`` (both epoch seconds), finite."""
+    return min(max(0.0, fire - now), _NEVER) if math.isfinite(fire) else _NEVER
+
+
+def first_wait(enc: Encoded, now: float) -> Encoded:
+    """``enc`` armed at ``now`` (epoch seconds, the database's clock): a calendar
+    envelope's ``delay`` becomes the wait to its first fire at or after ``now`` plus
+    that delay; any other envelope is returned as it is."""
+    if enc.cron is None or enc.cron_tz is None:
+        return enc
+    fire = calendar(enc.cron, enc.cron_tz).first_fire(now + enc.delay)
+    return attrs.evolve(enc, delay=fire_wait(fire, now))
+
+
+def _zone_name(cron: Cron, label: str) -> str:
+    """The IANA name of a Cron's time zone, checked to name the same zone here."""
+    tz = cron.tz
+    if tz is dt.UTC:
+        return "UTC"
+    key = getattr(tz, "key", None) if isinstance(tz, zoneinfo.ZoneInfo) else None
+    if not isinstance(key, str):
+        raise BadEnvelopeType(
+            f"{label}: schedule={cron!r} cannot cross processes: its tz={tz!r} has no IANA "
+            "time zone name (give the zone by name, e.g. Cron(expr, tz='Europe/Berlin'))"
+        )
+    return key
+
+
+def _calendar(schedule: object, label: str) -> tuple[str, str]:
+    """A calendar schedule as its row's ``(cron, cron_tz)``, or the error naming it."""
+    if not isinstance(schedule, Cron):
+        raise BadEnvelopeType(
+            f"{label}: schedule={schedule!r} cannot cross processes: only envq.FIXED_DELAY, "
+            "envq.FIXED_RATE and envq.Cron do (another process cannot rebuild this one)"
+        )
+    return schedule.expr, _zone_name(schedule, label)
 
 
 def encode(env: object, label: str) -> Encoded:
@@ -138,7 +213,8 @@ def encode(env: object, label: str) -> Encoded:
 
     :raises BadEnvelopeType: not an Envelope; a callable with no import path; ``id`` or
         ``payload`` not JSON; stamps (they are the queue's, not the row's); a schedule
-        other than FIXED_DELAY / FIXED_RATE.
+        other than FIXED_DELAY, FIXED_RATE or an :class:`envq.Cron` whose time zone has
+        an IANA name.
     """
     if not isinstance(env, Envelope):
         raise BadEnvelopeType(f"{label}: {env!r} is not an envq.Envelope")
@@ -147,11 +223,13 @@ def encode(env: object, label: str) -> Encoded:
             f"{label}: stamps={env.stamps!r} cannot cross processes: give the queue's "
             "stamps to PgQueue(stamps=...) in every process instead"
         )
-    if not isinstance(env.schedule, Schedule):
-        raise BadEnvelopeType(
-            f"{label}: schedule={env.schedule!r} cannot cross processes yet (only "
-            "FIXED_DELAY and FIXED_RATE)"
-        )
+    cron: str | None = None
+    cron_tz: str | None = None
+    if isinstance(env.schedule, Schedule):
+        schedule = env.schedule.value
+    else:
+        cron, cron_tz = _calendar(env.schedule, label)
+        schedule = Schedule.FIXED_DELAY.value  # a calendar row's cron columns time it
     retry = env.retry
     if retry is not None and not math.isfinite(retry.cap):
         raise BadEnvelope(f"{label}: retry={retry!r}: cap must be finite to cross processes")
@@ -164,9 +242,9 @@ def encode(env: object, label: str) -> Encoded:
         type=env.type,
         invoke=callable_name(env.invoke, "invoke", label),
         payload=_json(env.payload, "payload", label),
-        periodic=env.interval > 0,
+        periodic=env.periodic,
         interval=env.interval,
-        schedule=env.schedule.value,
+        schedule=schedule,
         deadline=env.deadline,
         hooks=tuple(  # type: ignore[arg-type]
             None if getattr(env, attr) is None else callable_name(getattr(env, attr), attr, label)
@@ -183,6 +261,8 @@ def encode(env: object, label: str) -> Encoded:
             }
         ),
         delay=max(0.0, delay),
+        cron=cron,
+        cron_tz=cron_tz,
     )
 
 
@@ -201,6 +281,8 @@ def decode(row: Any) -> Envelope:
         row["deadline_s"],
         row["retry"],
         row["schedule"],
+        row["cron"],
+        row["cron_tz"],
         *(row[column] for _attr, column in HOOKS),
     )
     proto = _PROTOTYPES.get(shape)
@@ -232,7 +314,9 @@ def _prototype(row: Any) -> Envelope:
         interval=row["interval_s"],
         deadline=row["deadline_s"],
         retry=policy,
-        schedule=Schedule(row["schedule"]),
+        schedule=Schedule(row["schedule"])
+        if row["cron"] is None
+        else calendar(row["cron"], row["cron_tz"]),
         before=hooks[0],
         after=hooks[1],
         on_success=hooks[2],

@@ -41,13 +41,13 @@ from envq._machine import (
 )
 from envq._timers import Deadlines
 from envq._values import HookTimeout, Schedule
-from envq.postgres._codec import decode
+from envq.postgres._codec import calendar, decode, fire_wait
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["CHANNEL", "Host", "Node"]
+__all__ = ["CHANNEL", "Host", "Node", "arm_calendars"]
 
 log = logging.getLogger("envq.postgres")
 
@@ -87,16 +87,59 @@ _RUNNING: Final = EnvState.RUNNING.value
 #: An expired attempt's row, locked for its reaper; none when another reaper holds it
 #: (SKIP LOCKED) or the attempt ended meanwhile.
 _REAPABLE: Final = """
-SELECT * FROM envq.envelopes
+SELECT e.*, clock_timestamp() AS reaped_at FROM envq.envelopes AS e
  WHERE seq = $1 AND lease_token = $2 AND state = 'running'
    AND lease_expires_at <= clock_timestamp()
    FOR UPDATE SKIP LOCKED
 """
 
+#: A NULL delay: the next run of the row's FIXED_DELAY / FIXED_RATE schedule.
 _EXPIRE: Final = """
 SELECT envq.expire($1, $2, $3::envq.decision_kind,
-                   clock_timestamp() + $4::float8 * interval '1 second', $5)
+                   coalesce(clock_timestamp() + $4::float8 * interval '1 second',
+                            (SELECT envq.next_due(e.schedule, e.interval_s, e.due_at,
+                                                  clock_timestamp())
+                               FROM envq.envelopes AS e WHERE e.seq = $1)), $5)
 """
+
+#: The calendar envelopes a start arms, with the wait a buffered one had left, and the
+#: database's clock.
+_ARMED_BY_START: Final = f"'{EnvState.BUFFERED.value}', '{EnvState.PARKED.value}'"
+_CALENDARS: Final = f"""
+SELECT seq, cron, cron_tz, state::text AS state,
+       extract(epoch FROM greatest(due_at - updated_at, interval '0'))::float8 AS wait_s,
+       extract(epoch FROM clock_timestamp())::float8 AS now_s
+  FROM envq.envelopes
+ WHERE queue = $1 AND cron IS NOT NULL AND state IN ({_ARMED_BY_START})
+   FOR UPDATE
+"""
+
+
+async def arm_calendars(conn: Any, queue: str) -> None:
+    """Before a start's moves: give every calendar envelope it arms the wait to its
+    first fire, read on the database's clock. A buffered one's first run is the first
+    fire at or after its start plus the wait it was sent with (``delay``,
+    ``not_before``); a parked one (a restart) waits for the first fire at or after the
+    start: fires missed while the queue was stopped are skipped. The start measures
+    the wait left from ``updated_at``, so both columns are set."""
+    rows = await conn.fetch(_CALENDARS, queue)
+    if not rows:
+        return
+    seqs, waits = [], []
+    for row in rows:
+        now = row["now_s"]
+        at = now + row["wait_s"] if row["state"] == EnvState.BUFFERED.value else now
+        seqs.append(row["seq"])
+        waits.append(fire_wait(calendar(row["cron"], row["cron_tz"]).first_fire(at), now))
+    await conn.execute(
+        "UPDATE envq.envelopes AS e SET updated_at = to_timestamp(u.now_s),"
+        " due_at = to_timestamp(u.now_s) + u.wait * interval '1 second'"
+        " FROM unnest($1::bigint[], $2::float8[], $3::float8[]) AS u(seq, wait, now_s)"
+        " WHERE e.seq = u.seq",
+        seqs,
+        waits,
+        [row["now_s"] for row in rows],
+    )
 
 
 async def _nap(wake: asyncio.Event, seconds: float) -> None:
@@ -122,7 +165,9 @@ class _Ending:
     outcome: str
     decision: str | None
     cause: str | None
-    delay: float
+    #: Seconds to the next run; None: the database computes it from the row's
+    #: FIXED_DELAY / FIXED_RATE schedule.
+    delay: float | None
     failures: int | None
     give_up: float
     done: asyncio.Future[str | None]
@@ -427,6 +472,8 @@ class Node:
             row = await conn.fetchrow(_REAPABLE, seq, token)
             if row is None:  # another reaper holds it, or it ended meanwhile
                 return
+            started = time.monotonic()
+            delay: float | None
             try:
                 env = decode(row)
             except Exception:  # its code is missing here: it fails
@@ -440,7 +487,7 @@ class Node:
                     f"{env.label()} (node {row['lease_owner']!r}) expired"
                 )
                 kind, delay, failures = await self._decide(
-                    w, env, row, Outcome.EXPIRED, cause, time.monotonic()
+                    w, env, row, Outcome.EXPIRED, cause, started, row["reaped_at"].timestamp()
                 )
                 decision = None if kind is None else kind.value
             ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
@@ -477,11 +524,12 @@ class Node:
                 self.counts_local["fenced"] += 1
                 return
             kind: DecisionKind | None
+            delay: float | None
             if env is None:
                 kind, delay, failures = DecisionKind.DROP, 0.0, None
             else:
                 kind, delay, failures = await self._decide(
-                    w, env, row, outcome, cause, flight.claimed_at
+                    w, env, row, outcome, cause, flight.claimed_at, None
                 )
             # The slot stays taken until the end commits: the envelope is RUNNING until
             # then, and a node never has more than `workers` envelopes RUNNING.
@@ -503,7 +551,7 @@ class Node:
         outcome: Outcome,
         decision: DecisionKind | None,
         cause: CancelCause | None,
-        delay: float,
+        delay: float | None,
         failures: int | None,
     ) -> None:
         """End the attempt in the database (batched with the other attempts ending now,
@@ -599,10 +647,13 @@ class Node:
         outcome: Outcome,
         cause: BaseException | None,
         started: float,
-    ) -> tuple[DecisionKind | None, float, int | None]:
+        started_db: float | None,
+    ) -> tuple[DecisionKind | None, float | None, int | None]:
         """The row of the outcome table for this attempt, performed as far as a node
         decides: its hooks, the failure decision and the delay before the next run (the
-        target itself is the database's to compute). ``(decision, delay, failures)``."""
+        target itself is the database's to compute). ``(decision, delay, failures)``;
+        ``started`` is this node's monotonic clock when the database's read
+        ``started_db`` (None: the claim's, the row's ``updated_at``)."""
         runner = self._runner
         kind = Kind(row["kind"])
         action = OUTCOMES[(kind, outcome)].action
@@ -613,7 +664,7 @@ class Node:
                 return None, 0.0, None
             case Action.RESCHEDULE:
                 await runner.on_success(w, env)
-                return None, self._next_run(env, started), 0
+                return None, self._next_run(env, row, started, started_db), 0
             case Action.DECIDE:
                 if env.on_failure is not None:
                     decision = await runner.on_failure(w, env, cause, attempt)
@@ -635,7 +686,7 @@ class Node:
                 if env.on_failure is not None:
                     decision = await runner.on_failure(w, env, cause, failures)
                     return decision.kind, decision.delay, failures
-                return None, self._next_run(env, started), failures
+                return None, self._next_run(env, row, started, started_db), failures
             case Action.REPORT_FAILURE:
                 if env.on_failure is not None:
                     # A periodic envelope counts its failures in a row, as in one process.
@@ -651,14 +702,29 @@ class Node:
                 assert_never(action)
 
     @staticmethod
-    def _next_run(env: Envelope, started: float) -> float:
-        """Seconds from now to a periodic envelope's next run: the interval after this
-        run's end (FIXED_DELAY), or what is left of it since the run began (FIXED_RATE,
-        measured on this node's clock)."""
-        if env.schedule is Schedule.FIXED_DELAY:
-            return env.interval
-        elapsed = time.monotonic() - started
-        return max(0.0, env.interval - elapsed % env.interval)
+    def _next_run(
+        env: Envelope, row: Row, started: float, started_db: float | None
+    ) -> float | None:
+        """Seconds from now to a periodic envelope's next run; None for FIXED_DELAY and
+        FIXED_RATE, whose next run the database computes from the row (the grid from
+        its scheduled start, whatever node ran it and however late it was claimed).
+
+        A calendar's next run is its first fire after the attempt ended and after the
+        fire this run was due at, so no fire runs twice. "Now" is the database's clock:
+        its time ``started_db`` (None: the claim's, the row's ``updated_at``) when this
+        node's monotonic clock read ``started``, plus the time since, so this node's
+        wall clock plays no part.
+        """
+        schedule = env.schedule
+        if isinstance(schedule, Schedule):
+            return None
+        if started_db is None:
+            started_db = row["updated_at"].timestamp()
+        now = started_db + (time.monotonic() - started)
+        due = row["due_at"]
+        previous = now if due is None else due.timestamp()
+        fire = schedule.next_run(env.interval, previous, previous, now, 0.0)
+        return fire_wait(fire, now)
 
     async def _blacklist(self, type_: str) -> None:
         """Blacklist a type in the shared queue: its live envelopes are stopped, and the

@@ -61,10 +61,10 @@ from envq._machine import (
     StopMode,
 )
 from envq._values import HookTimeout, Rejection, Statistics
-from envq.postgres._codec import Encoded, decode, encode
+from envq.postgres._codec import Encoded, decode, encode, first_wait
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
-from envq.postgres._node import CHANNEL, Node, _lost, _node_name
+from envq.postgres._node import CHANNEL, Node, _lost, _node_name, arm_calendars
 from envq.postgres.schema import SCHEMA_VERSION, event_label, render
 
 if TYPE_CHECKING:
@@ -115,18 +115,18 @@ _INSERT: Final = """
 INSERT INTO envq.envelopes
     (queue, id, type, invoke, payload, kind, state, event, interval_s, schedule,
      deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at,
-     wait)
+     wait, cron, cron_tz)
 SELECT $1, u.id::jsonb, u.type, u.invoke, u.payload::jsonb, u.kind::envq.envelope_kind,
        u.state::envq.envelope_state, 'send', u.interval_s, u.schedule::envq.schedule,
        u.deadline_s, u.before_hook, u.after_hook, u.on_success, u.on_failure,
        u.retry::jsonb, clock_timestamp() + u.delay * interval '1 second',
-       clock_timestamp() + u.delay * interval '1 second', u.delay > 0
+       clock_timestamp() + u.delay * interval '1 second', u.delay > 0, u.cron, u.cron_tz
   FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
               $8::float8[], $9::text[], $10::float8[], $11::text[], $12::text[],
-              $13::text[], $14::text[], $15::text[], $16::float8[])
+              $13::text[], $14::text[], $15::text[], $16::float8[], $17::text[], $18::text[])
        WITH ORDINALITY
        AS u(id, type, invoke, payload, kind, state, interval_s, schedule, deadline_s,
-            before_hook, after_hook, on_success, on_failure, retry, delay, n)
+            before_hook, after_hook, on_success, on_failure, retry, delay, cron, cron_tz, n)
  ORDER BY u.n
 ON CONFLICT DO NOTHING
 """
@@ -342,6 +342,8 @@ class PgQueue:
                     None if cancel is None else cancel.value,
                 )
             for event in BROADCASTS.get(row.action, ()):
+                if event is EnvEvent.START:
+                    await arm_calendars(conn, self.name)
                 await conn.execute(
                     "SELECT envq.broadcast($1, $2::envq.envelope_event)",
                     self.name,
@@ -573,7 +575,9 @@ class PgQueue:
     async def _send(self, rows: Sequence[Encoded]) -> int:
         async with self._db().acquire() as conn, conn.transaction():
             found = await conn.fetchrow(
-                "SELECT state, blacklist FROM envq.queues WHERE name = $1 FOR SHARE", self.name
+                "SELECT state, blacklist, extract(epoch FROM clock_timestamp())::float8 AS now"
+                " FROM envq.queues WHERE name = $1 FOR SHARE",
+                self.name,
             )
             if found is None:
                 raise QueueNotRunning(f"queue {self.name!r} does not exist")
@@ -612,6 +616,8 @@ class PgQueue:
                         f"{live} of {self.capacity} used"
                     )
             arrival = _ARRIVAL[row.action]
+            if arrival is Arrival.NOW:  # a calendar's first run: its first fire from now on
+                rows = [first_wait(enc, found["now"]) for enc in rows]
             states = [
                 _SEND_TARGETS[
                     Arrival.LATER if arrival is Arrival.NOW and enc.delay > 0 else arrival
@@ -636,6 +642,8 @@ class PgQueue:
                 [e.hooks[3] for e in rows],
                 [e.retry for e in rows],
                 [e.delay for e in rows],
+                [e.cron for e in rows],
+                [e.cron_tz for e in rows],
             )
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self.name)
         return int(status.rsplit(" ", 1)[-1])

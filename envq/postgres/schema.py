@@ -23,6 +23,9 @@ twice. The generated SQL (:func:`render`) creates, in the schema ``envq``:
   SKIP LOCKED``), each with a lease (a token, an owner, an expiry on the database's
   clock); ``renew`` extends every lease an owner still holds in one statement;
   ``finish`` ends an attempt where the tables lead, only while its token holds;
+* schedules: the ``cron`` and ``cron_tz`` columns of a calendar envelope, and
+  ``next_due``, the next run of a FIXED_DELAY or FIXED_RATE envelope (the grid from the
+  row's scheduled start), which the end of an attempt uses when a node passes no delay;
 * an optional journal (``envq.journal``): every move of a queue whose
   ``queues.journal`` is true, appended by the triggers (off by default).
 
@@ -88,7 +91,7 @@ __all__ = [
 SCHEMA: Final = "envq"
 #: The version of the generated schema, recorded in ``envq.schema_version``; a later
 #: release migrates from it.
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 #: SQLSTATE of an envelope move the tables do not allow.
 REFUSED_ENVELOPE_MOVE: Final = "EQ001"
@@ -641,7 +644,9 @@ _FINISH_UPDATE: Final = """\
        SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
                                         f.decision, f.cause, q.stop_mode, false),
            event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
-           due_at = clock_timestamp() + f.delay * interval '1 second',
+           due_at = coalesce(clock_timestamp() + f.delay * interval '1 second',
+                             envq.next_due(e.schedule, e.interval_s, e.due_at,
+                                           clock_timestamp())),
            failures = coalesce(f.failures, e.failures),
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM (SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
@@ -682,6 +687,56 @@ def _leases() -> str:
         .replace("{parked}", EnvState.PARKED.value)
         .replace("{live}", _in(LIVE_STATES))
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Schedules
+# ---------------------------------------------------------------------------------------
+
+_SCHEDULES: Final = """\
+-- ------------------------------------------------------------------------------------
+-- Schedules: calendar (cron) envelopes, and the next run of a FIXED_DELAY or FIXED_RATE
+-- envelope computed here, on the database's clock, from the row's scheduled start.
+-- ------------------------------------------------------------------------------------
+ALTER TABLE envq.envelopes
+    ADD COLUMN cron text,
+    ADD COLUMN cron_tz text,
+    ADD CONSTRAINT envelopes_calendar CHECK (
+        (cron IS NULL) = (cron_tz IS NULL)
+        AND (cron IS NULL OR (interval_s = 0 AND schedule = 'fixed_delay')));
+COMMENT ON COLUMN envq.envelopes.cron IS
+    'A calendar envelope''s cron expression (NULL: timed by schedule and interval_s); '
+    'the nodes find its fires, the database''s clock says when they have come.';
+COMMENT ON COLUMN envq.envelopes.cron_tz IS
+    'The IANA time zone the cron expression is read in (set with cron).';
+
+CREATE FUNCTION envq.next_due(timing envq.schedule, every double precision,
+                              scheduled timestamptz, ended timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF timing = 'fixed_delay' OR scheduled IS NULL OR every IS NULL OR every <= 0 THEN
+        RETURN ended + coalesce(every, 0) * interval '1 second';
+    END IF;
+    -- The first grid point scheduled + n * every (n >= 1) strictly after ended; the
+    -- quotient is a first guess, corrected both ways against rounding.
+    n := greatest(1, floor(extract(epoch FROM ended - scheduled)::float8 / every)::bigint + 1);
+    WHILE n > 1 AND scheduled + ((n - 1) * every) * interval '1 second' > ended LOOP
+        n := n - 1;
+    END LOOP;
+    WHILE scheduled + (n * every) * interval '1 second' <= ended LOOP
+        n := n + 1;
+    END LOOP;
+    RETURN scheduled + (n * every) * interval '1 second';
+END
+$$;
+COMMENT ON FUNCTION envq.next_due IS
+    'When a periodic run that ended at ended and was scheduled at scheduled runs next: '
+    'every seconds after its end (fixed_delay), or the first point of the grid '
+    'scheduled + n * every after its end (fixed_rate; missed points are skipped).';
+"""
 
 
 # ---------------------------------------------------------------------------------------
@@ -899,6 +954,7 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         " WHERE state = 'running';\n",
         f"CREATE INDEX envelopes_owners ON {SCHEMA}.envelopes (lease_owner)"
         " WHERE state = 'running';\n",
+        _SCHEDULES,
         "-- The triggers.\n",
         _ENVELOPE_CHECK.replace("{refused}", REFUSED_ENVELOPE_MOVE).replace(
             "{rejected}", REFUSED_CALL

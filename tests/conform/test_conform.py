@@ -251,7 +251,9 @@ class TestDeclaredDivergences:
                 ]
                 return answer
 
-        declares = Options(examples=40, steps=30, derandomize=True)
+        # 60 examples, not 40: with 40 the run that meets the fault depends on which
+        # modules the process imported before (seen with an unrelated import).
+        declares = Options(examples=60, steps=30, derandomize=True)
         result = run(lambda: _in_process(Declares), declares)
         assert result.passed
         [finding] = result.findings
