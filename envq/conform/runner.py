@@ -10,12 +10,15 @@ writes the result per invariant and per table row, as text or Markdown.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
 import math
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -244,7 +247,8 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
     started = time.monotonic()
     harness: Harness | None
     try:
-        run_state_machine_as_test(machine, settings=config)
+        with _without_source_constants():
+            run_state_machine_as_test(machine, settings=config)
     except Violation as exc:
         harness = recorder.harness
         script = tuple(harness.log) if harness is not None else ()
@@ -295,6 +299,49 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
         if finding.key not in {f.key for f in result.findings}:
             result.findings.append(finding)
     return result
+
+
+_constants_lock = threading.Lock()
+#: How many runs are generating, and what Hypothesis had before the first of them.
+_constants_users: list[Callable[[], Any]] = []
+
+
+@contextlib.contextmanager
+def _without_source_constants() -> Iterator[None]:
+    """While a run generates, Hypothesis draws no numbers or strings taken from the
+    source of the program's modules."""
+    # Hypothesis mixes into what it draws the literals written in every module of the
+    # program (not of installed packages) imported so far. Which modules those are
+    # depends on what the process imported before, and on whether envq is installed or
+    # checked out, so a derandomized run would differ from one process to the next.
+    # These are private names of Hypothesis: if they go, nothing is patched, and the
+    # test that compares the same run in two processes fails.
+    try:
+        providers: Any = importlib.import_module("hypothesis.internal.conjecture.providers")
+        current = providers._get_local_constants
+        none = providers.Constants()
+    except (ImportError, AttributeError):  # pragma: no cover - a Hypothesis without them
+        yield
+        return
+
+    def no_constants() -> Any:
+        return none
+
+    with _constants_lock:
+        if not _constants_users:
+            providers._get_local_constants = no_constants
+        _constants_users.append(current)
+    # The draws allowed for each kind of choice are cached, the program's among them.
+    providers.CONSTANTS_CACHE.cache.clear()
+    try:
+        yield
+    finally:
+        with _constants_lock:
+            first = _constants_users[0]
+            _constants_users.pop()
+            if not _constants_users:
+                providers._get_local_constants = first
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 def minimise(
