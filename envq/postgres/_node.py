@@ -463,7 +463,10 @@ class Node:
             await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
         finally:
             self._free(flight)
-            self._flights.pop(row["seq"], None)
+            # The end may have been committed with a claim of the same envelope (a retry
+            # at once): the new flight under this seq is not this one's to forget.
+            if self._flights.get(row["seq"]) is flight:
+                del self._flights[row["seq"]]
             w.env = None
 
     def _free(self, flight: _Flight) -> None:
