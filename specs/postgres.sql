@@ -554,17 +554,19 @@ BEGIN
     -- refused by the fence. Ends, sends and lifecycle calls are durable.
     PERFORM set_config('synchronous_commit', 'off', true);
     RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = 'ready'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
+         ORDER BY c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
        SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,
            lease_token = gen_random_uuid(), lease_owner = owner,
            lease_expires_at = clock_timestamp() + lease
-      FROM (SELECT c.seq FROM envq.envelopes AS c
-             WHERE c.queue = queue_name AND c.state = 'ready'
-               AND EXISTS (SELECT FROM envq.queues AS q
-                            WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
-             ORDER BY c.seq
-             LIMIT how_many
-               FOR UPDATE OF c SKIP LOCKED) AS picked
+      FROM picked
      WHERE e.seq = picked.seq
     RETURNING e.*;
 END
@@ -672,17 +674,19 @@ BEGIN
     RETURNING e.*;
     IF how_many > 0 THEN
         RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = 'ready'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
+         ORDER BY c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
        SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,
            lease_token = gen_random_uuid(), lease_owner = owner,
            lease_expires_at = clock_timestamp() + lease
-      FROM (SELECT c.seq FROM envq.envelopes AS c
-             WHERE c.queue = queue_name AND c.state = 'ready'
-               AND EXISTS (SELECT FROM envq.queues AS q
-                            WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
-             ORDER BY c.seq
-             LIMIT how_many
-               FOR UPDATE OF c SKIP LOCKED) AS picked
+      FROM picked
      WHERE e.seq = picked.seq
     RETURNING e.*;
     END IF;

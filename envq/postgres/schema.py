@@ -621,18 +621,24 @@ COMMENT ON FUNCTION envq.broadcast IS
 """
 
 
+# The rows are picked once, in a materialized CTE: as a subquery of the UPDATE's FROM,
+# a plan made for a table believed empty (a nested loop with the subquery inside)
+# scanned it again for each row updated, and each scan, skipping the rows the
+# statement had just updated, picked the next ones: a claim of one took them all.
 _CLAIM_UPDATE: Final = """\
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = '{ready}'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ({dispatching}))
+         ORDER BY c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
        SET state = '{running}', event = '{dispatch}', attempt = e.attempt + 1,
            lease_token = gen_random_uuid(), lease_owner = owner,
            lease_expires_at = clock_timestamp() + lease
-      FROM (SELECT c.seq FROM envq.envelopes AS c
-             WHERE c.queue = queue_name AND c.state = '{ready}'
-               AND EXISTS (SELECT FROM envq.queues AS q
-                            WHERE q.name = queue_name AND q.state IN ({dispatching}))
-             ORDER BY c.seq
-             LIMIT how_many
-               FOR UPDATE OF c SKIP LOCKED) AS picked
+      FROM picked
      WHERE e.seq = picked.seq
     RETURNING e.*;"""
 
