@@ -21,9 +21,13 @@ The observations of both sources are merged by time. A read of the journal takes
 the database's snapshot first and then only the observations of this process made
 before the snapshot, or before a journal row it returns: so an ``invoke`` is never
 reported before the claim that started it, nor a move before the ``on_failure``
-call that decided it; ``stats`` is answered from the same snapshot. The ways this
-port differs from the in-process queue on purpose are declared in ``hello``
-(:data:`DIVERGENCES`, explained in ``docs/postgres.md``, section "Conformance").
+call that decided it; ``stats`` is answered from the same snapshot. A call's ``at``
+splits them where the call returned; a ``send``, ``start`` or ``stop`` refused (which
+changed nothing) is placed where the driver received it, so what the nodes did while
+it ran comes after it. The
+ways this port differs from the in-process queue on purpose are declared in
+``hello`` (:data:`DIVERGENCES`, explained in ``docs/postgres.md``, section
+"Conformance").
 """
 
 from __future__ import annotations
@@ -127,6 +131,10 @@ DIVERGENCES: Final[tuple[dict[str, Any], ...]] = (
         "reference": _DOCS,
     },
 )
+
+#: The calls that, refused, are refused at once and change nothing: their ``at`` is
+#: where the driver received them (see :meth:`Session.handle`).
+REFUSED_AT_ONCE: Final = frozenset({"send", "start", "stop"})
 
 #: Real seconds the driver lets pass after a command for the nodes to settle, as a
 #: share of one model second (the smallest duration the harness generates is 1).
@@ -501,6 +509,7 @@ class Session:
         if not isinstance(cmd, str) or method is None:
             raise DriverError(f"unknown command {cmd!r}")
         response: dict[str, Any]
+        received = time.time()
         try:
             result = await method(command)
         except envq.EnvqError as exc:
@@ -509,7 +518,12 @@ class Session:
             response = {"ok": False, "error": ERRORS["ValueError"], "message": str(exc)}
         else:
             response = {"ok": True, "result": result}
-        returned = time.time()
+        # A call refused at once changed nothing: it is placed where the driver received
+        # it, so the moves the nodes made while it ran come after it. (Placed where it
+        # returned, an envelope that ended while a refused send ran was counted before
+        # the refusal: the live envelopes changed across a call that admitted nothing.)
+        # A call that waits (send_wait, ...) is refused for what happened meanwhile.
+        placed = received if cmd in REFUSED_AT_ONCE and not response["ok"] else time.time()
         if cmd in ("quit", "reset", "hello") or self.queue_name is None:
             events: list[dict[str, Any]] = [ev for _, ev in self.pending]
             self.pending = []
@@ -519,7 +533,7 @@ class Session:
             stats = cmd == "stats" and response["ok"]
             timed, counts = await self.collect(stats=stats)
             events = [ev for _, ev in timed]
-            at = sum(1 for w, _ in timed if w <= returned)
+            at = sum(1 for w, _ in timed if w <= placed)
             if stats:
                 at = len(events)
                 response["result"] = self._stats(counts)

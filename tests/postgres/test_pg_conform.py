@@ -8,11 +8,18 @@ driver crashes or breaks the protocol.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import envq
+from envq.conform.protocol import PROTOCOL
+from envq.postgres import driver
 from envq.postgres._server import ThrowawayServer
 
 #: A small run: a few examples, on a time scale whose timing tolerance (a quarter of
@@ -50,3 +57,58 @@ def test_the_postgres_driver_conforms(pg_server: ThrowawayServer, tmp_path: Path
     done = _conform(pg_server.dsn(), tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "VIOLATION" not in done.stdout
+
+
+@pytest.mark.real_clock
+async def test_a_refused_send_comes_before_what_the_nodes_did_while_it_ran(pg_dsn: str) -> None:
+    """The queue is full (``a`` runs, capacity 1); ``send(b)`` is refused, and while the
+    call is still under way ``a`` ends. The refusal changed nothing: the end of ``a``
+    is reported after it, so that the live envelopes do not change across it."""
+    session = driver.Session(pg_dsn, 1)
+    driver._ACTIVE[:] = [session]
+    await session.open()
+
+    async def call(**command: Any) -> dict[str, Any]:
+        response = await session.handle(command)
+        assert response["ok"] or command["cmd"] == "send", response
+        return response
+
+    try:
+        await call(cmd="hello", protocol=PROTOCOL, time_scale=0.05)
+        await call(cmd="queue", workers=1, capacity=1)
+        await call(cmd="define", env="a", spec={"script": ["hang"]})
+        await call(cmd="define", env="b", spec={})
+        await call(cmd="start")
+        await call(cmd="send", envs=["a"])
+        async with asyncio.timeout(10):
+            while "a" not in session.gates:  # noqa: ASYNC110 - set by the node's attempt
+                await asyncio.sleep(0.005)
+        node = session.nodes[0]
+        refuse = node.send
+        db = session._pool()
+
+        async def refused_while_a_ends(*envelopes: envq.Envelope) -> int:
+            try:
+                return await refuse(*envelopes)
+            finally:
+                await session.cmd_release({"env": "a", "plan": "ok"})
+                ended = (
+                    "SELECT count(*) FROM envq.journal WHERE queue = $1 AND to_state = 'succeeded'"
+                )
+                async with asyncio.timeout(10):
+                    while not await db.fetchval(ended, session.queue_name):  # noqa: ASYNC110 - the node commits it
+                        await asyncio.sleep(0.005)
+
+        node.send = refused_while_a_ends  # type: ignore[method-assign]
+        response = await call(cmd="send", envs=["b"])
+        assert (response["ok"], response["error"]) == (False, "capacity_exceeded")
+        ends = [
+            i
+            for i, ev in enumerate(response["events"])
+            if ev["kind"] == "move" and ev["env"] == "a" and ev["to"] == "succeeded"
+        ]
+        assert len(ends) == 1
+        assert ends[0] >= response["at"]
+    finally:
+        await session.close()
+        driver._ACTIVE.clear()

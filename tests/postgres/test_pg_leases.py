@@ -118,9 +118,7 @@ async def test_a_claim_takes_no_more_than_asked_with_a_plan_made_on_an_empty_tab
                 " VALUES ('q', 'tests.job', 'one_off', 'ready', 'send')"
             )
         claimed = await conn.fetch("SELECT * FROM envq.claim('q', 'a', 2, interval '30 s')")
-        running = await conn.fetchval(
-            "SELECT count(*) FROM envq.envelopes WHERE state = 'running'"
-        )
+        running = await conn.fetchval("SELECT count(*) FROM envq.envelopes WHERE state = 'running'")
         assert (len(claimed), running) == (2, 2)
     finally:
         await conn.close()
