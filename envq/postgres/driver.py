@@ -17,7 +17,11 @@ What the harness is told comes from where it happens:
   whichever node claimed the attempt and find their script by the envelope's name
   (its ``id``, carried in the payload too).
 
-The observations of both sources are merged by time. A read of the journal takes
+The observations of both sources are merged by time: a journal row's is the time it
+was written, except that an envelope move that saw the queue in a state the rows
+before it have left (it read the queue while a lifecycle call was under way, and
+wrote its row after the call's) goes before the queue's move out of that state; the
+journal records the state each move saw. A read of the journal takes
 the database's snapshot first and then only the observations of this process made
 before the snapshot, or before a journal row it returns: so an ``invoke`` is never
 reported before the claim that started it, nor a move before the ``on_failure``
@@ -363,14 +367,42 @@ class Session:
                 early = ended.get(ev["env"], -1.0) >= wall
             (mine if early else kept).append((wall, ev))
         self.pending = kept
-        found: list[tuple[float, int, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
-        for r in fresh:
+        found: list[tuple[float, float, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
+        for wall, tie, r in self._in_order(fresh):
             self.seen.add(r["n"])
             event = self._move(r)
             if event is not None:
-                found.append((r["at"], r["n"], event))
+                found.append((wall, tie, event))
         found.sort(key=lambda x: (x[0], x[1]))
         return [(w, ev) for w, _, ev in found], counts
+
+    def _in_order(self, rows: list[Any]) -> list[tuple[float, float, Any]]:
+        """Journal rows in the order the database made their moves, each with the time
+        and tie-break it is sorted by: by the time its row was written, except that an
+        envelope move that saw the queue in a state the rows before it have left (it
+        read the queue while a lifecycle call was under way, then wrote its row after
+        the call's) goes just before the queue's move out of that state."""
+        placed: list[tuple[float, float, Any]] = []
+        life = self.life
+        for r in sorted(rows, key=lambda r: (r["at"], r["n"])):
+            seen = r["queue_state"]
+            if r["seq"] is None:
+                life = r["to_state"]
+            elif seen is not None and seen != life:
+                left = next(
+                    (
+                        i
+                        for i in range(len(placed) - 1, -1, -1)
+                        if placed[i][2]["seq"] is None and placed[i][2]["from_state"] == seen
+                    ),
+                    None,
+                )
+                if left is not None:
+                    wall, tie, _ = placed[left]
+                    placed.insert(left, (wall, tie - 0.5, r))
+                    continue
+            placed.append((r["at"], float(r["n"]), r))
+        return placed
 
     async def _snapshot(self, stats: bool) -> tuple[float, list[Any], Any]:
         """One snapshot of the database: the wall time just before it, the journal's
@@ -380,7 +412,8 @@ class Session:
             before = time.time()
             await conn.fetchval("SELECT 1")  # the snapshot is taken here
             rows = await conn.fetch(
-                "SELECT j.n, j.seq, j.from_state, j.to_state, j.event, e.id #>> '{}' AS id,"
+                "SELECT j.n, j.seq, j.from_state, j.to_state, j.event, j.queue_state,"
+                " e.id #>> '{}' AS id,"
                 " extract(epoch FROM j.at)::float8 AS at FROM envq.journal AS j"
                 " LEFT JOIN envq.envelopes AS e ON e.seq = j.seq"
                 " WHERE j.queue = $1 ORDER BY j.n",

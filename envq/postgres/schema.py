@@ -359,7 +359,7 @@ BEGIN
                             coalesce(mode_now::text, 'none'), coalesce(NEW.limited, false));
     END IF;
     IF journal_on THEN
-        PERFORM envq.journal_move(NEW, source);
+        PERFORM envq.journal_move(NEW, source, queue_now);
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
@@ -718,13 +718,18 @@ CREATE TABLE envq.journal (
     event text NOT NULL,
     decision envq.decision_kind,
     cause envq.cancel_cause,
+    -- The queue's state an envelope move was checked against (NULL for a move of the
+    -- queue): a move made while a lifecycle call was under way, not yet committed,
+    -- saw the state before it, though its row may be written after the call's.
+    queue_state text,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX journal_queue ON envq.journal (queue, n);
 COMMENT ON TABLE envq.journal IS
     'Every move of the queues whose journal is on, in the order they were made.';
 
-CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state)
+CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state,
+                                  seen envq.queue_state)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -738,9 +743,10 @@ BEGIN
          WHERE d.queue = moved.queue AND d.id = moved.id AND d.state IN ({live})) THEN
         RETURN;
     END IF;
-    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause)
+    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
+                              queue_state)
     VALUES (moved.queue, moved.seq, source::text, moved.state::text, moved.event::text,
-            moved.decision, moved.cause);
+            moved.decision, moved.cause, seen::text);
 END
 $$;
 COMMENT ON FUNCTION envq.journal_move IS

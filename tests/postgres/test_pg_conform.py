@@ -112,3 +112,51 @@ async def test_a_refused_send_comes_before_what_the_nodes_did_while_it_ran(pg_ds
     finally:
         await session.close()
         driver._ACTIVE.clear()
+
+
+@pytest.mark.real_clock
+async def test_a_move_that_saw_the_queue_running_comes_before_a_stop_it_raced(
+    pg_dsn: str,
+) -> None:
+    """A stop is under way (not committed) when a keeper makes a DELAYED envelope due:
+    the keeper saw the queue RUNNING and commits first, though its journal row was
+    written after the stop's. The due move is reported before the stop."""
+    import asyncpg  # noqa: PLC0415
+
+    session = driver.Session(pg_dsn, 1)
+    driver._ACTIVE[:] = [session]
+    await session.open()
+    try:
+        for command in (
+            {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
+            {"cmd": "queue", "workers": 1, "stop_mode": "drain"},
+            {"cmd": "define", "env": "a", "spec": {"delay": 100.0}},
+        ):
+            assert (await session.handle(command))["ok"]
+        name = session.queue_name
+        db = session._pool()
+        # The queue runs, served by no node: the moves below are made by hand.
+        await db.execute(
+            "UPDATE envq.queues SET state = 'running', call = 'start' WHERE name = $1", name
+        )
+        await session.nodes[0].send(session.envs["a"])
+        await db.execute(
+            "UPDATE envq.envelopes SET due_at = clock_timestamp() WHERE queue = $1", name
+        )
+        stopper = await asyncpg.connect(pg_dsn)
+        try:
+            async with stopper.transaction():
+                await stopper.execute(
+                    "UPDATE envq.queues SET state = 'stopping', call = 'stop' WHERE name = $1",
+                    name,
+                )
+                assert await db.fetchval("SELECT envq.due($1)", name) == 1
+                await stopper.execute("SELECT envq.broadcast($1, 'stop')", name)
+        finally:
+            await stopper.close()
+        response = await session.handle({"cmd": "stats"})
+        moves = [(ev.get("from"), ev["to"]) for ev in response["events"]]
+        assert moves.index(("delayed", "ready")) < moves.index(("running", "stopping"))
+    finally:
+        await session.close()
+        driver._ACTIVE.clear()
