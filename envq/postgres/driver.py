@@ -345,10 +345,11 @@ class Session:
         until = time.monotonic() + SETTLE_MAX
         while True:
             before, rows, counts = await self._snapshot(stats)
-            if counts is None or time.monotonic() >= until or not self._claimable(counts):
+            if counts is None or time.monotonic() >= until or not self._pending(*counts):
                 break
-            # A READY envelope a free worker has not claimed yet: the nodes claim
-            # within a poll; the statistics are those of a settled queue.
+            # A READY envelope a free worker has not claimed yet, or a stop with nothing
+            # left in flight: the nodes claim, and end the stop, within a poll; the
+            # statistics are those of a settled queue.
             await asyncio.sleep(0.005)
         fresh = [r for r in rows if r["n"] not in self.seen]
         cutoff = max([before, *(r["at"] for r in fresh)])
@@ -431,15 +432,15 @@ class Session:
                 counts = (state, {r["state"]: r["n"] for r in found})
         return before, list(rows), counts
 
-    def _claimable(self, counts: Any) -> bool:
-        """Whether a snapshot shows a READY envelope and a free worker to claim it."""
-        state, by_state = counts
+    def _pending(self, state: str | None, by_state: dict[str, int]) -> bool:
+        """Whether the queue is in a passing state the nodes leave within a poll: a
+        READY envelope and a free worker to claim it, or a stop under way with nothing
+        READY or RUNNING (a node's keeper ends it: the last attempt's end does not)."""
+        ready, running = by_state.get("ready", 0), by_state.get("running", 0)
+        if state == QueueState.STOPPING.value and not ready and not running:
+            return True
         total = sum(node.workers for node in self.nodes)
-        return (
-            state in ("running", "stopping")
-            and by_state.get("ready", 0) > 0
-            and by_state.get("running", 0) < total
-        )
+        return state in ("running", "stopping") and ready > 0 and running < total
 
     def _name_of(self, r: Any) -> str | None:
         """The harness's name of a journal row's envelope (its ``id``)."""
@@ -509,13 +510,12 @@ class Session:
         return _report(parked, run.completed, run.cancelled, complete=complete)
 
     async def settle(self) -> None:
-        """Let the nodes catch up: a short pause, then (a bounded while) until nothing
-        READY waits for a free worker of a dispatching queue."""
+        """Let the nodes catch up: a short pause, then (a bounded while) until the queue
+        is in no passing state (:meth:`_pending`)."""
         await asyncio.sleep(self.real(SETTLE_SHARE))
         if not self.nodes:
             return
         until = time.monotonic() + SETTLE_MAX
-        total = sum(node.workers for node in self.nodes)
         while time.monotonic() < until:
             found = await self._pool().fetchrow(
                 "SELECT q.state::text AS state,"
@@ -525,9 +525,10 @@ class Session:
                 " WHERE q.name = $1 GROUP BY q.state",
                 self.queue_name,
             )
-            if found is None or found["state"] not in ("running", "stopping"):
+            if found is None:
                 return
-            if not found["ready"] or found["running"] >= total:
+            counts = {"ready": found["ready"], "running": found["running"]}
+            if not self._pending(found["state"], counts):
                 return
             await asyncio.sleep(0.005)
 

@@ -22,9 +22,8 @@ from envq.conform.protocol import PROTOCOL
 from envq.postgres import driver
 from envq.postgres._server import ThrowawayServer
 
-#: A small run: a few examples, on a time scale whose timing tolerance (a quarter of
-#: a model second, 50 ms) covers the nodes' polling.
-ARGS = ("--examples", "3", "--steps", "20", "--time-scale", "0.2", "--derandomize")
+#: A small run at the harness's default time scale (0.05: a model second is 50 ms).
+ARGS = ("--examples", "8", "--steps", "30", "--derandomize")
 
 
 def _conform(dsn: str, tmp_path: Path, *driver_args: str) -> subprocess.CompletedProcess[str]:
@@ -157,6 +156,41 @@ async def test_a_move_that_saw_the_queue_running_comes_before_a_stop_it_raced(
         response = await session.handle({"cmd": "stats"})
         moves = [(ev.get("from"), ev["to"]) for ev in response["events"]]
         assert moves.index(("delayed", "ready")) < moves.index(("running", "stopping"))
+    finally:
+        await session.close()
+        driver._ACTIVE.clear()
+
+
+@pytest.mark.real_clock
+async def test_stats_wait_for_a_stop_with_nothing_in_flight_to_end(pg_dsn: str) -> None:
+    """A stop with nothing READY or RUNNING is ended by a node's keeper at its next
+    round, not at once: the statistics wait for it (a settled queue)."""
+    session = driver.Session(pg_dsn, 1)
+    driver._ACTIVE[:] = [session]
+    await session.open()
+    try:
+        for command in (
+            {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
+            {"cmd": "queue", "workers": 1},
+            {"cmd": "start"},
+        ):
+            assert (await session.handle(command))["ok"]
+        node = session.nodes[0]
+        drained = node._try_drained
+
+        async def late() -> None:
+            await asyncio.sleep(0.1)  # a keeper round later than the settling pause
+            await drained()
+
+        node._try_drained = late  # type: ignore[method-assign]
+        await session._pool().execute(
+            "UPDATE envq.queues SET state = 'stopping', call = 'stop' WHERE name = $1",
+            session.queue_name,
+        )
+        response = await session.handle({"cmd": "stats"})
+        assert response["result"]["state"] == "stopped"
+        moves = [(ev["from"], ev["to"]) for ev in response["events"] if ev["kind"] == "queue"]
+        assert moves == [("running", "stopping"), ("stopping", "stopped")]
     finally:
         await session.close()
         driver._ACTIVE.clear()
