@@ -22,8 +22,10 @@ from envq.conform.protocol import PROTOCOL
 from envq.postgres import driver
 from envq.postgres._server import ThrowawayServer
 
-#: A small run at the harness's default time scale (0.05: a model second is 50 ms).
-ARGS = ("--examples", "8", "--steps", "30", "--derandomize")
+#: A small run, on a time scale whose timing tolerance (a quarter of a model second,
+#: 50 ms) covers the nodes' polling. Not the default 0.05: there, a claim racing a
+#: cancelling stop (see docs/postgres.md, "Conformance") fails a run now and then.
+ARGS = ("--examples", "3", "--steps", "20", "--time-scale", "0.2", "--derandomize")
 
 
 def _conform(dsn: str, tmp_path: Path, *driver_args: str) -> subprocess.CompletedProcess[str]:
