@@ -54,3 +54,51 @@ async def test_a_retry_claimed_with_the_end_of_its_attempt_is_cancelled_by_termi
         assert done, "terminate() did not cancel the hanging attempt"
         assert [e.id for e in terminating.result()] == ["a"]
         assert STARTED["a"] == 2
+
+
+#: The on_failure calls heard, by envelope id; the queue the jobs blacklist in.
+HEARD: list[object] = []
+BLACKLIST_IN: list[PgQueue] = []
+
+
+async def blacklisted_meanwhile(env: envq.Envelope) -> None:
+    """Another node blacklists this envelope's type while it runs; then it fails."""
+    q = BLACKLIST_IN[0]
+    async with q._db().acquire() as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE envq.queues SET blacklist = array_append(blacklist, $2) WHERE name = $1",
+            q.name,
+            env.type,
+        )
+        await conn.execute(
+            "UPDATE envq.envelopes SET kind = 'blacklisted'"
+            " WHERE queue = $1 AND type = $2 AND state = 'running'",
+            q.name,
+            env.type,
+        )
+    raise envq.DoNotRetry("after the blacklist")
+
+
+def heard(env: envq.Envelope, exc: BaseException | None, attempt: int) -> envq.Decision:
+    """on_failure: note the call."""
+    HEARD.append(env.id)
+    return envq.drop()
+
+
+async def test_an_attempt_whose_type_was_blacklisted_meanwhile_calls_no_hook(
+    pg_dsn: str,
+) -> None:
+    name = f"flights-{uuid.uuid4().hex[:10]}"
+    HEARD.clear()
+    async with PgQueue(pg_dsn, name, workers=1, poll=0.01) as q:
+        BLACKLIST_IN[:] = [q]
+        await q.start()
+        await q.send(
+            envq.Envelope(invoke=blacklisted_meanwhile, id="a", type="t", on_failure=heard)
+        )
+        async with asyncio.timeout(10):
+            while (await q.counts()).get("stopped", 0) < 1:  # noqa: ASYNC110 - a row
+                await asyncio.sleep(0.01)
+        await q.terminate()
+    # As in one process: the outcome row of a blacklisted envelope ends it, no hook.
+    assert HEARD == []
