@@ -502,7 +502,7 @@ BEGIN
                             coalesce(mode_now::text, 'none'), coalesce(NEW.limited, false));
     END IF;
     IF journal_on THEN
-        PERFORM envq.journal_move(NEW, source);
+        PERFORM envq.journal_move(NEW, source, queue_now);
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
@@ -597,17 +597,19 @@ BEGIN
     -- refused by the fence. Ends, sends and lifecycle calls are durable.
     PERFORM set_config('synchronous_commit', 'off', true);
     RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = 'ready'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
+         ORDER BY c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
        SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,
            lease_token = gen_random_uuid(), lease_owner = owner,
            lease_expires_at = clock_timestamp() + lease
-      FROM (SELECT c.seq FROM envq.envelopes AS c
-             WHERE c.queue = queue_name AND c.state = 'ready'
-               AND EXISTS (SELECT FROM envq.queues AS q
-                            WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
-             ORDER BY c.seq
-             LIMIT how_many
-               FOR UPDATE OF c SKIP LOCKED) AS picked
+      FROM picked
      WHERE e.seq = picked.seq
     RETURNING e.*;
 END
@@ -719,17 +721,19 @@ BEGIN
     RETURNING e.*;
     IF how_many > 0 THEN
         RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = 'ready'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
+         ORDER BY c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
        SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,
            lease_token = gen_random_uuid(), lease_owner = owner,
            lease_expires_at = clock_timestamp() + lease
-      FROM (SELECT c.seq FROM envq.envelopes AS c
-             WHERE c.queue = queue_name AND c.state = 'ready'
-               AND EXISTS (SELECT FROM envq.queues AS q
-                            WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
-             ORDER BY c.seq
-             LIMIT how_many
-               FOR UPDATE OF c SKIP LOCKED) AS picked
+      FROM picked
      WHERE e.seq = picked.seq
     RETURNING e.*;
     END IF;
@@ -837,13 +841,18 @@ CREATE TABLE envq.journal (
     event text NOT NULL,
     decision envq.decision_kind,
     cause envq.cancel_cause,
+    -- The queue's state an envelope move was checked against (NULL for a move of the
+    -- queue): a move made while a lifecycle call was under way, not yet committed,
+    -- saw the state before it, though its row may be written after the call's.
+    queue_state text,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX journal_queue ON envq.journal (queue, n);
 COMMENT ON TABLE envq.journal IS
     'Every move of the queues whose journal is on, in the order they were made.';
 
-CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state)
+CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state,
+                                  seen envq.queue_state)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -857,9 +866,10 @@ BEGIN
          WHERE d.queue = moved.queue AND d.id = moved.id AND d.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')) THEN
         RETURN;
     END IF;
-    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause)
+    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
+                              queue_state)
     VALUES (moved.queue, moved.seq, source::text, moved.state::text, moved.event::text,
-            moved.decision, moved.cause);
+            moved.decision, moved.cause, seen::text);
 END
 $$;
 COMMENT ON FUNCTION envq.journal_move IS

@@ -173,6 +173,11 @@ class _Ending:
     done: asyncio.Future[str | None]
 
 
+#: The outcome table's actions that call ``on_failure``, and those with ``on_success``.
+_FAILURE_HOOKED: Final = frozenset({Action.DECIDE, Action.DECIDE_PERIODIC, Action.REPORT_FAILURE})
+_HOOKED: Final = _FAILURE_HOOKED | {Action.SUCCEED, Action.RESCHEDULE}
+
+
 def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException], ...]:
     """The driver's errors of a session lost or not yet possible: the connection broke,
     the server is shutting down, restarting or recovering, or the session was
@@ -536,7 +541,10 @@ class Node:
             await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
         finally:
             self._free(flight)
-            self._flights.pop(row["seq"], None)
+            # The end may have been committed with a claim of the same envelope (a retry
+            # at once): the new flight under this seq is not this one's to forget.
+            if self._flights.get(row["seq"]) is flight:
+                del self._flights[row["seq"]]
             w.env = None
 
     def _free(self, flight: _Flight) -> None:
@@ -657,6 +665,18 @@ class Node:
         runner = self._runner
         kind = Kind(row["kind"])
         action = OUTCOMES[(kind, outcome)].action
+        hooked = action in _HOOKED and (
+            env.on_failure if action in _FAILURE_HOOKED else env.on_success
+        )
+        if env.type and kind is not Kind.BLACKLISTED and hooked:
+            # Another node may have blacklisted the type while this attempt ran (the
+            # row's kind was relabelled): a blacklisted envelope's attempt calls no hook.
+            found = await self._host._db().fetchval(
+                "SELECT kind FROM envq.envelopes WHERE seq = $1", row["seq"]
+            )
+            if found is not None and Kind(found) is Kind.BLACKLISTED:
+                kind = Kind.BLACKLISTED
+                action = OUTCOMES[(kind, outcome)].action
         attempt = int(row["attempt"])
         match action:
             case Action.SUCCEED:

@@ -592,24 +592,23 @@ class PgQueue:
                     raise TypeBlacklisted(f"queue {self.name!r}: type {enc.type!r} is blacklisted")
             if self.capacity:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.name)
-                live = await conn.fetchval(
-                    "SELECT count(*) FROM envq.envelopes WHERE queue = $1"
-                    " AND state = ANY($2::envq.envelope_state[])",
+                # A dedup (an id live already, or twice in the batch) takes no room. The
+                # room and the dedup are read in one statement (one snapshot): an attempt
+                # ending between two reads would count its envelope live and new.
+                ids = [e.id for e in rows if e.id is not None]
+                found = await conn.fetchrow(
+                    "SELECT (SELECT count(*) FROM envq.envelopes WHERE queue = $1"
+                    " AND state = ANY($3::envq.envelope_state[])) AS live,"
+                    " (SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
+                    " WHERE NOT EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = $1"
+                    " AND e.id = i::jsonb AND e.state = ANY($3::envq.envelope_state[]))) AS fresh",
                     self.name,
+                    ids,
                     _LIVE,
                 )
-                # A dedup (an id live already, or twice in the batch) takes no room.
-                ids = [e.id for e in rows if e.id is not None]
-                fresh = len(rows) - len(ids)
-                if ids:
-                    fresh += await conn.fetchval(
-                        "SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
-                        " WHERE NOT EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = $1"
-                        " AND e.id = i::jsonb AND e.state = ANY($3::envq.envelope_state[]))",
-                        self.name,
-                        ids,
-                        _LIVE,
-                    )
+                assert found is not None  # an aggregate: always one row
+                live = found["live"]
+                fresh = len(rows) - len(ids) + found["fresh"]
                 if fresh and live + fresh > self.capacity:
                     raise CapacityExceeded(
                         f"queue {self.name!r}: no room for {fresh} envelope(s): "

@@ -17,13 +17,20 @@ What the harness is told comes from where it happens:
   whichever node claimed the attempt and find their script by the envelope's name
   (its ``id``, carried in the payload too).
 
-The observations of both sources are merged by time. A read of the journal takes
+The observations of both sources are merged by time: a journal row's is the time it
+was written, except that an envelope move that saw the queue in a state the rows
+before it have left (it read the queue while a lifecycle call was under way, and
+wrote its row after the call's) goes before the queue's move out of that state; the
+journal records the state each move saw. A read of the journal takes
 the database's snapshot first and then only the observations of this process made
 before the snapshot, or before a journal row it returns: so an ``invoke`` is never
 reported before the claim that started it, nor a move before the ``on_failure``
-call that decided it; ``stats`` is answered from the same snapshot. The ways this
-port differs from the in-process queue on purpose are declared in ``hello``
-(:data:`DIVERGENCES`, explained in ``docs/postgres.md``, section "Conformance").
+call that decided it; ``stats`` is answered from the same snapshot. A call's ``at``
+splits them where the call returned; a ``send``, ``start`` or ``stop`` refused (which
+changed nothing) is placed where the driver received it, so what the nodes did while
+it ran comes after it. The ways this port differs from the in-process queue on
+purpose are declared in ``hello`` (:data:`DIVERGENCES`, explained in
+``docs/postgres.md``, section "Conformance").
 """
 
 from __future__ import annotations
@@ -127,6 +134,10 @@ DIVERGENCES: Final[tuple[dict[str, Any], ...]] = (
         "reference": _DOCS,
     },
 )
+
+#: The calls that, refused, are refused at once and change nothing: their ``at`` is
+#: where the driver received them (see :meth:`Session.handle`).
+REFUSED_AT_ONCE: Final = frozenset({"send", "start", "stop"})
 
 #: Real seconds the driver lets pass after a command for the nodes to settle, as a
 #: share of one model second (the smallest duration the harness generates is 1).
@@ -333,10 +344,11 @@ class Session:
         until = time.monotonic() + SETTLE_MAX
         while True:
             before, rows, counts = await self._snapshot(stats)
-            if counts is None or time.monotonic() >= until or not self._claimable(counts):
+            if counts is None or time.monotonic() >= until or not self._pending(*counts):
                 break
-            # A READY envelope a free worker has not claimed yet: the nodes claim
-            # within a poll; the statistics are those of a settled queue.
+            # A READY envelope a free worker has not claimed yet, or a stop with nothing
+            # left in flight: the nodes claim, and end the stop, within a poll; the
+            # statistics are those of a settled queue.
             await asyncio.sleep(0.005)
         fresh = [r for r in rows if r["n"] not in self.seen]
         cutoff = max([before, *(r["at"] for r in fresh)])
@@ -355,14 +367,42 @@ class Session:
                 early = ended.get(ev["env"], -1.0) >= wall
             (mine if early else kept).append((wall, ev))
         self.pending = kept
-        found: list[tuple[float, int, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
-        for r in fresh:
+        found: list[tuple[float, float, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
+        for wall, tie, r in self._in_order(fresh):
             self.seen.add(r["n"])
             event = self._move(r)
             if event is not None:
-                found.append((r["at"], r["n"], event))
+                found.append((wall, tie, event))
         found.sort(key=lambda x: (x[0], x[1]))
         return [(w, ev) for w, _, ev in found], counts
+
+    def _in_order(self, rows: list[Any]) -> list[tuple[float, float, Any]]:
+        """Journal rows in the order the database made their moves, each with the time
+        and tie-break it is sorted by: by the time its row was written, except that an
+        envelope move that saw the queue in a state the rows before it have left (it
+        read the queue while a lifecycle call was under way, then wrote its row after
+        the call's) goes just before the queue's move out of that state."""
+        placed: list[tuple[float, float, Any]] = []
+        life = self.life
+        for r in sorted(rows, key=lambda r: (r["at"], r["n"])):
+            seen = r["queue_state"]
+            if r["seq"] is None:
+                life = r["to_state"]
+            elif seen is not None and seen != life:
+                left = next(
+                    (
+                        i
+                        for i in range(len(placed) - 1, -1, -1)
+                        if placed[i][2]["seq"] is None and placed[i][2]["from_state"] == seen
+                    ),
+                    None,
+                )
+                if left is not None:
+                    wall, tie, _ = placed[left]
+                    placed.insert(left, (wall, tie - 0.5, r))
+                    continue
+            placed.append((r["at"], float(r["n"]), r))
+        return placed
 
     async def _snapshot(self, stats: bool) -> tuple[float, list[Any], Any]:
         """One snapshot of the database: the wall time just before it, the journal's
@@ -372,7 +412,8 @@ class Session:
             before = time.time()
             await conn.fetchval("SELECT 1")  # the snapshot is taken here
             rows = await conn.fetch(
-                "SELECT j.n, j.seq, j.from_state, j.to_state, j.event, e.id #>> '{}' AS id,"
+                "SELECT j.n, j.seq, j.from_state, j.to_state, j.event, j.queue_state,"
+                " e.id #>> '{}' AS id,"
                 " extract(epoch FROM j.at)::float8 AS at FROM envq.journal AS j"
                 " LEFT JOIN envq.envelopes AS e ON e.seq = j.seq"
                 " WHERE j.queue = $1 ORDER BY j.n",
@@ -390,15 +431,15 @@ class Session:
                 counts = (state, {r["state"]: r["n"] for r in found})
         return before, list(rows), counts
 
-    def _claimable(self, counts: Any) -> bool:
-        """Whether a snapshot shows a READY envelope and a free worker to claim it."""
-        state, by_state = counts
+    def _pending(self, state: str | None, by_state: dict[str, int]) -> bool:
+        """Whether the queue is in a passing state the nodes leave within a poll: a
+        READY envelope and a free worker to claim it, or a stop under way with nothing
+        READY or RUNNING (a node's keeper ends it: the last attempt's end does not)."""
+        ready, running = by_state.get("ready", 0), by_state.get("running", 0)
+        if state == QueueState.STOPPING.value and not ready and not running:
+            return True
         total = sum(node.workers for node in self.nodes)
-        return (
-            state in ("running", "stopping")
-            and by_state.get("ready", 0) > 0
-            and by_state.get("running", 0) < total
-        )
+        return state in ("running", "stopping") and ready > 0 and running < total
 
     def _name_of(self, r: Any) -> str | None:
         """The harness's name of a journal row's envelope (its ``id``)."""
@@ -468,13 +509,12 @@ class Session:
         return _report(parked, run.completed, run.cancelled, complete=complete)
 
     async def settle(self) -> None:
-        """Let the nodes catch up: a short pause, then (a bounded while) until nothing
-        READY waits for a free worker of a dispatching queue."""
+        """Let the nodes catch up: a short pause, then (a bounded while) until the queue
+        is in no passing state (:meth:`_pending`)."""
         await asyncio.sleep(self.real(SETTLE_SHARE))
         if not self.nodes:
             return
         until = time.monotonic() + SETTLE_MAX
-        total = sum(node.workers for node in self.nodes)
         while time.monotonic() < until:
             found = await self._pool().fetchrow(
                 "SELECT q.state::text AS state,"
@@ -484,9 +524,10 @@ class Session:
                 " WHERE q.name = $1 GROUP BY q.state",
                 self.queue_name,
             )
-            if found is None or found["state"] not in ("running", "stopping"):
+            if found is None:
                 return
-            if not found["ready"] or found["running"] >= total:
+            counts = {"ready": found["ready"], "running": found["running"]}
+            if not self._pending(found["state"], counts):
                 return
             await asyncio.sleep(0.005)
 
@@ -501,6 +542,7 @@ class Session:
         if not isinstance(cmd, str) or method is None:
             raise DriverError(f"unknown command {cmd!r}")
         response: dict[str, Any]
+        received = time.time()
         try:
             result = await method(command)
         except envq.EnvqError as exc:
@@ -509,7 +551,12 @@ class Session:
             response = {"ok": False, "error": ERRORS["ValueError"], "message": str(exc)}
         else:
             response = {"ok": True, "result": result}
-        returned = time.time()
+        # A call refused at once changed nothing: it is placed where the driver received
+        # it, so the moves the nodes made while it ran come after it. (Placed where it
+        # returned, an envelope that ended while a refused send ran was counted before
+        # the refusal: the live envelopes changed across a call that admitted nothing.)
+        # A call that waits (send_wait, ...) is refused for what happened meanwhile.
+        placed = received if cmd in REFUSED_AT_ONCE and not response["ok"] else time.time()
         if cmd in ("quit", "reset", "hello") or self.queue_name is None:
             events: list[dict[str, Any]] = [ev for _, ev in self.pending]
             self.pending = []
@@ -519,7 +566,7 @@ class Session:
             stats = cmd == "stats" and response["ok"]
             timed, counts = await self.collect(stats=stats)
             events = [ev for _, ev in timed]
-            at = sum(1 for w, _ in timed if w <= returned)
+            at = sum(1 for w, _ in timed if w <= placed)
             if stats:
                 at = len(events)
                 response["result"] = self._stats(counts)

@@ -362,7 +362,7 @@ BEGIN
                             coalesce(mode_now::text, 'none'), coalesce(NEW.limited, false));
     END IF;
     IF journal_on THEN
-        PERFORM envq.journal_move(NEW, source);
+        PERFORM envq.journal_move(NEW, source, queue_now);
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
@@ -624,18 +624,24 @@ COMMENT ON FUNCTION envq.broadcast IS
 """
 
 
+# The rows are picked once, in a materialized CTE: as a subquery of the UPDATE's FROM,
+# a plan made for a table believed empty (a nested loop with the subquery inside)
+# scanned it again for each row updated, and each scan, skipping the rows the
+# statement had just updated, picked the next ones: a claim of one took them all.
 _CLAIM_UPDATE: Final = """\
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = '{ready}'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ({dispatching}))
+         ORDER BY c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
        SET state = '{running}', event = '{dispatch}', attempt = e.attempt + 1,
            lease_token = gen_random_uuid(), lease_owner = owner,
            lease_expires_at = clock_timestamp() + lease
-      FROM (SELECT c.seq FROM envq.envelopes AS c
-             WHERE c.queue = queue_name AND c.state = '{ready}'
-               AND EXISTS (SELECT FROM envq.queues AS q
-                            WHERE q.name = queue_name AND q.state IN ({dispatching}))
-             ORDER BY c.seq
-             LIMIT how_many
-               FOR UPDATE OF c SKIP LOCKED) AS picked
+      FROM picked
      WHERE e.seq = picked.seq
     RETURNING e.*;"""
 
@@ -767,13 +773,18 @@ CREATE TABLE envq.journal (
     event text NOT NULL,
     decision envq.decision_kind,
     cause envq.cancel_cause,
+    -- The queue's state an envelope move was checked against (NULL for a move of the
+    -- queue): a move made while a lifecycle call was under way, not yet committed,
+    -- saw the state before it, though its row may be written after the call's.
+    queue_state text,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX journal_queue ON envq.journal (queue, n);
 COMMENT ON TABLE envq.journal IS
     'Every move of the queues whose journal is on, in the order they were made.';
 
-CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state)
+CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state,
+                                  seen envq.queue_state)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -787,9 +798,10 @@ BEGIN
          WHERE d.queue = moved.queue AND d.id = moved.id AND d.state IN ({live})) THEN
         RETURN;
     END IF;
-    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause)
+    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
+                              queue_state)
     VALUES (moved.queue, moved.seq, source::text, moved.state::text, moved.event::text,
-            moved.decision, moved.cause);
+            moved.decision, moved.cause, seen::text);
 END
 $$;
 COMMENT ON FUNCTION envq.journal_move IS

@@ -14,6 +14,8 @@ import uuid
 
 import pytest
 
+from envq.postgres._server import ThrowawayServer
+
 _names = itertools.count()
 
 
@@ -88,6 +90,38 @@ async def test_claim_takes_ready_envelopes_in_order_with_a_lease(pg_dsn: str) ->
             " WHERE queue = $1 AND state = 'running'",
             queue,
         )
+
+
+@pytest.mark.real_clock
+async def test_a_claim_takes_no_more_than_asked_with_a_plan_made_on_an_empty_table(
+    pg_server: ThrowawayServer,
+) -> None:
+    """A plan made while the table was empty (a nested loop that scans the picked rows
+    again for each row it updates) and kept by the session still takes ``how_many``:
+    the rows a claim picks are picked once."""
+    import asyncpg  # noqa: PLC0415
+    from pg_support import create_database  # noqa: PLC0415
+
+    name = f"claims_{uuid.uuid4().hex[:8]}"
+    await create_database(pg_server, name)
+    conn = await asyncpg.connect(pg_server.dsn(name))
+    try:
+        await conn.execute("VACUUM envq.envelopes")  # no pages: the planner expects no rows
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute("INSERT INTO envq.queues (name) VALUES ('q')")
+        await conn.execute("UPDATE envq.queues SET state = 'running', call = 'start'")
+        # The session's plan of the claim is made now, on the empty table.
+        assert await conn.fetch("SELECT * FROM envq.claim('q', 'a', 1, interval '30 s')") == []
+        for _ in range(5):
+            await conn.execute(
+                "INSERT INTO envq.envelopes (queue, invoke, kind, state, event)"
+                " VALUES ('q', 'tests.job', 'one_off', 'ready', 'send')"
+            )
+        claimed = await conn.fetch("SELECT * FROM envq.claim('q', 'a', 2, interval '30 s')")
+        running = await conn.fetchval("SELECT count(*) FROM envq.envelopes WHERE state = 'running'")
+        assert (len(claimed), running) == (2, 2)
+    finally:
+        await conn.close()
 
 
 @pytest.mark.real_clock

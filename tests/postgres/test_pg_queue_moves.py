@@ -4,7 +4,10 @@ of a running queue that skipped its stop, and a start that forgot the wait left.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -150,3 +153,63 @@ async def test_a_cancelling_stop_of_a_stopping_queue_waits_for_the_stop(pg_dsn: 
         )
         # As in one process: the stop under way goes on as it began (drain, no cancel).
         assert tuple(found) == ("stopping", "drain", None)
+
+
+async def test_a_resend_while_its_attempt_ends_is_counted_once(pg_dsn: str) -> None:
+    """Capacity 2, full: ``a`` (RUNNING) and ``b``. ``send(a)`` while ``a``'s attempt
+    ends: whether ``a`` is live (a dedup) or not (its room freed, taken again), the
+    batch fits. The room and the dedup are read from one snapshot: read apart, the end
+    committed between them counted ``a`` both live and new, and the send was refused."""
+    async with PgQueue(pg_dsn, _name(), workers=0, capacity=2) as q:
+        db = q._db()
+        await q.start()
+        await q.send(envq.Envelope(invoke=invoke, id="a"), envq.Envelope(invoke=invoke, id="b"))
+        claimed = await db.fetch(
+            "SELECT * FROM envq.claim($1, 'elsewhere', 1, interval '60 seconds')", q.name
+        )
+        assert [r["id"] for r in claimed] == ['"a"']
+
+        class Conn:
+            """The send's connection: ``a``'s attempt ends once the room has been read."""
+
+            def __init__(self, conn: Any) -> None:
+                self.conn = conn
+                self.ended = False
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.conn, name)
+
+            async def _read(self, how: str, query: str, *args: Any) -> Any:
+                value = await getattr(self.conn, how)(query, *args)
+                if "count(" in query and not self.ended:
+                    self.ended = True
+                    await db.fetchval(
+                        "SELECT envq.finish($1, $2, 'attempt_ok')",
+                        claimed[0]["seq"],
+                        claimed[0]["lease_token"],
+                    )
+                return value
+
+            async def fetchval(self, query: str, *args: Any) -> Any:
+                return await self._read("fetchval", query, *args)
+
+            async def fetchrow(self, query: str, *args: Any) -> Any:
+                return await self._read("fetchrow", query, *args)
+
+        class Pool:
+            """The queue's pool, handing out the connection above."""
+
+            def acquire(self) -> Any:
+                @contextlib.asynccontextmanager
+                async def held() -> AsyncIterator[Conn]:
+                    async with db.acquire() as conn:
+                        yield Conn(conn)
+
+                return held()
+
+        q._pool = Pool()  # type: ignore[assignment]
+        try:
+            assert await q.send(envq.Envelope(invoke=invoke, id="a")) == 1
+        finally:
+            q._pool = db
+        assert await _states(q) == {"ready": 2, "succeeded": 1}
