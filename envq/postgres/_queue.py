@@ -596,7 +596,7 @@ class PgQueue:
                 # room and the dedup are read in one statement (one snapshot): an attempt
                 # ending between two reads would count its envelope live and new.
                 ids = [e.id for e in rows if e.id is not None]
-                found = await conn.fetchrow(
+                room = await conn.fetchrow(
                     "SELECT (SELECT count(*) FROM envq.envelopes WHERE queue = $1"
                     " AND state = ANY($3::envq.envelope_state[])) AS live,"
                     " (SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
@@ -606,9 +606,9 @@ class PgQueue:
                     ids,
                     _LIVE,
                 )
-                assert found is not None  # an aggregate: always one row
-                live = found["live"]
-                fresh = len(rows) - len(ids) + found["fresh"]
+                assert room is not None  # an aggregate: always one row
+                live = room["live"]
+                fresh = len(rows) - len(ids) + room["fresh"]
                 if fresh and live + fresh > self.capacity:
                     raise CapacityExceeded(
                         f"queue {self.name!r}: no room for {fresh} envelope(s): "
