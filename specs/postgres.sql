@@ -616,16 +616,16 @@ COMMENT ON FUNCTION envq.claim IS
     'Starts attempts: up to how_many READY envelopes of a dispatching queue, oldest '
     'first, skipping rows other claims hold, each RUNNING under a new lease.';
 
-CREATE FUNCTION envq.renew(owner text, lease interval) RETURNS SETOF uuid
+CREATE FUNCTION envq.renew(queue text, owner text, lease interval) RETURNS SETOF uuid
 LANGUAGE sql AS $$
     UPDATE envq.envelopes AS e SET lease_expires_at = clock_timestamp() + lease
-     WHERE e.lease_owner = owner AND e.state = 'running'
+     WHERE e.queue = renew.queue AND e.lease_owner = owner AND e.state = 'running'
        AND e.lease_expires_at > clock_timestamp()
     RETURNING e.lease_token
 $$;
 COMMENT ON FUNCTION envq.renew IS
-    'Extends every lease the owner still holds; returns their tokens. An expired '
-    'lease is not renewed: it is lost.';
+    'Extends every lease the owner still holds on the queue; returns their tokens. An '
+    'expired lease is not renewed: it is lost.';
 
 CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
                             decision envq.decision_kind DEFAULT NULL,

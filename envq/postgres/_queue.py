@@ -35,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
@@ -42,7 +44,13 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 from envq import _checks
 from envq._entry import elsewhere, hand_over
 from envq._envelope import Envelope
-from envq._errors import BadEnvelope, CapacityExceeded, QueueNotRunning, TypeBlacklisted
+from envq._errors import (
+    BadEnvelope,
+    BadEnvelopeType,
+    CapacityExceeded,
+    QueueNotRunning,
+    TypeBlacklisted,
+)
 from envq._listeners import Listener
 from envq._machine import (
     INITIAL,
@@ -132,6 +140,53 @@ ON CONFLICT DO NOTHING
 """
 
 
+#: The characters PostgreSQL's text and jsonb cannot hold: NUL, and the UTF-16
+#: surrogates (a lone one is no character; a pair would come back joined).
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unstorable(value: object) -> str | None:
+    """The first string in ``value`` (a JSON value: keys, items, values) PostgreSQL
+    cannot store, or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _UNSTORABLE.search(item):
+                return item
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
+
+
+def _storable_text(env: Envelope, label: str) -> None:
+    """Refuse an envelope whose ``id``, ``payload`` or ``type`` holds text PostgreSQL
+    cannot store, naming the field (before the database is asked)."""
+    for field in ("id", "payload", "type"):
+        bad = _unstorable(getattr(env, field))
+        if bad is not None:
+            raise BadEnvelopeType(
+                f"{label}: {field}={getattr(env, field)!r} cannot cross processes: "
+                f"{bad!r} holds a NUL character or a UTF-16 surrogate, which PostgreSQL "
+                "cannot store"
+            )
+
+
+class _NeverFits(CapacityExceeded):
+    """A batch larger than the capacity: no wait makes room for it."""
+
+
+#: The shortest lease: a node renews every third of it, and a renewal is a round trip
+#: to the database; a shorter one would expire under a node that is alive.
+LEASE_MIN: Final = 0.1
+#: The longest lease: a day (an attempt longer than that is renewed, not leased once;
+#: a lease of years would outrun PostgreSQL's intervals and timestamps).
+LEASE_MAX: Final = 86400.0
+
+
 class StoreUnavailable(QueueNotRunning):
     """The database could not be reached, or the connection was lost mid-call; what the
     call would have changed is rolled back (a ``send`` admitted nothing)."""
@@ -146,10 +201,12 @@ class PgQueue:
         only).
     :param capacity: the most live envelopes the queue holds (0: no limit); a batch
         that would exceed it is refused whole.
-    :param lease: seconds an attempt's lease lasts without renewal; a node renews its
-        leases every third of it, and an attempt whose node stops renewing is reaped
-        by another node after it.
-    :param node: this process's name in the leases (default: host-pid-random).
+    :param lease: seconds an attempt's lease lasts without renewal (from 0.1 to 86400);
+        a node renews its leases every third of it, and an attempt whose node stops
+        renewing is reaped by another node after it.
+    :param node: this process's name (default: host-pid-random): its sessions'
+        ``application_name`` is ``envq:<node>``, and its leases are held under
+        :attr:`lease_owner`, the name and a suffix of this object's own.
     :param poll: seconds between polls when no notification arrives.
     :param stop_mode: how ``stop()`` treats ready envelopes by default.
     :param hook_timeout: the hooks' time budgets.
@@ -172,12 +229,23 @@ class PgQueue:
         event_poll: float = 0.1,
     ) -> None:
         where = "PgQueue()"
-        if not isinstance(dsn, str) or not dsn:
-            raise TypeError(f"{where}: dsn must be a non-empty str, not {type(dsn).__name__}")
+        if not isinstance(dsn, str):
+            raise TypeError(f"{where}: dsn must be a str, not {type(dsn).__name__}")
+        if not dsn.strip():
+            raise ValueError(f"{where}: dsn must name a database, got {dsn!r}")
         self.name = _checks.name(f"{where} name", name)
         self.workers = _checks.integer(f"{where} workers", workers, minimum=0)
         self.capacity = _checks.integer(f"{where} capacity", capacity, minimum=0)
         self.lease = _checks.seconds(f"{where} lease", lease, positive=True)
+        if not LEASE_MIN <= self.lease <= LEASE_MAX:
+            raise ValueError(
+                f"{where}: lease must be from {LEASE_MIN} to {LEASE_MAX} seconds, got {lease!r}"
+            )
+        if hook_timeout is not None and not isinstance(hook_timeout, HookTimeout):
+            raise TypeError(
+                f"{where}: hook_timeout must be an envq.HookTimeout or None, "
+                f"not {type(hook_timeout).__name__}"
+            )
         self.poll = _checks.seconds(f"{where} poll", poll, positive=True)
         self.node = _node_name() if node is None else _checks.name(f"{where} node", node)
         self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
@@ -188,8 +256,17 @@ class PgQueue:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dedups = 0
         self._rejections: dict[Rejection, int] = {}
+        #: The owner of this object's leases: the node's name and a suffix of this
+        #: object's own, so that a node restarted under the same name (or another
+        #: object of this process) never renews the leases of its predecessor.
+        self.lease_owner = f"{self.node}#{uuid.uuid4().hex[:8]}"
         self._node = Node(
-            self, self.node, self.workers, self.lease, self.poll, hook_timeout or HookTimeout()
+            self,
+            self.lease_owner,
+            self.workers,
+            self.lease,
+            self.poll,
+            hook_timeout or HookTimeout(),
         )
         self._events = Follower(self, self.event_poll)
 
@@ -386,6 +463,10 @@ class PgQueue:
             are parked); only with STOP.
         :param wait: return once the queue is STOPPED (the attempts in flight have
             ended, or their leases expired and were reaped).
+
+        A stop of a queue never started changes nothing and returns at once. Unlike
+        one process's ``stop()``, it returns no report: the envelopes a stop parks
+        stay rows of the shared queue, seen through :meth:`counts` and the events.
         """
         where = f"queue {self.name!r}: stop()"
         mode = self.stop_mode if mode is None else _checks.member(f"{where} mode", mode, StopMode)
@@ -393,9 +474,11 @@ class PgQueue:
         _checks.flag(f"{where} wait", wait)
         if cancel and mode is StopMode.DRAIN:
             raise ValueError(f"{where}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)")
-        await self._call(QueueCall.STOP, mode, CancelCause.STOP if cancel else None)
+        action = await self._call(QueueCall.STOP, mode, CancelCause.STOP if cancel else None)
         self._node.wake()
-        if wait:
+        # A stop that the tables make a no-op (a queue never started, or one already
+        # stopped) has nothing to wait for.
+        if wait and action is not LifeAction.NOTHING:
             await self.wait_stopped()
 
     @on_its_loop
@@ -418,6 +501,7 @@ class PgQueue:
         """Terminate the shared queue: every node cancels its attempts in flight, and
         every envelope not ended is handed back — re-created from its row, once, to the
         caller. Waits for the attempts in flight to end (or their leases to expire)."""
+        timeout = _checks.timeout(f"queue {self.name!r}: terminate() timeout", timeout)
         await self.connect()
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
@@ -550,6 +634,8 @@ class PgQueue:
         label = f"queue {self.name!r}: send()"
         try:
             rows = [encode(env, label) for env in envelopes]
+            for env in envelopes:
+                _storable_text(env, label)
         except BadEnvelope:
             self._rejections[Rejection.INVALID] = self._rejections.get(Rejection.INVALID, 0) + 1
             raise
@@ -564,7 +650,7 @@ class PgQueue:
             reason = next(r for cls, r in _REJECTIONS.items() if isinstance(error, cls))
             self._rejections[reason] = self._rejections.get(reason, 0) + 1
             raise
-        except (OSError, asyncpg.exceptions.ConnectionDoesNotExistError) as error:
+        except _lost(asyncpg) as error:
             raise StoreUnavailable(
                 f"{label}: the connection was lost; nothing was admitted ({type(error).__name__})"
             ) from None
@@ -573,7 +659,7 @@ class PgQueue:
         return admitted
 
     async def _send(self, rows: Sequence[Encoded]) -> int:
-        async with self._db().acquire() as conn, conn.transaction():
+        async with self._session() as conn, conn.transaction():
             found = await conn.fetchrow(
                 "SELECT state, blacklist, extract(epoch FROM clock_timestamp())::float8 AS now"
                 " FROM envq.queues WHERE name = $1 FOR SHARE",
@@ -592,6 +678,7 @@ class PgQueue:
                     raise TypeBlacklisted(f"queue {self.name!r}: type {enc.type!r} is blacklisted")
             if self.capacity:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.name)
+
                 live = await conn.fetchval(
                     "SELECT count(*) FROM envq.envelopes WHERE queue = $1"
                     " AND state = ANY($2::envq.envelope_state[])",
@@ -609,6 +696,12 @@ class PgQueue:
                         self.name,
                         ids,
                         _LIVE,
+                    )
+                if fresh > self.capacity:
+                    # (An id live now only takes room once it has ended.)
+                    raise _NeverFits(
+                        f"queue {self.name!r}: {fresh} new envelope(s) can never fit"
+                        f" the capacity of {self.capacity}"
                     )
                 if fresh and live + fresh > self.capacity:
                     raise CapacityExceeded(
@@ -656,13 +749,17 @@ class PgQueue:
     ) -> int:
         """:meth:`send`, waiting (polling) while the batch does not fit the capacity.
 
-        :raises TimeoutError: no room within ``timeout`` seconds.
+        :raises TimeoutError: no room within ``timeout`` seconds;
+            :class:`CapacityExceeded`: at once, for a batch larger than the capacity.
         """
+        timeout = _checks.timeout(f"queue {self.name!r}: send_wait() timeout", timeout)
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
         while True:
             try:
                 return await self.send(*envelopes)
+            except _NeverFits:
+                raise
             except CapacityExceeded:
                 if until is not None and loop.time() >= until:
                     raise TimeoutError(
