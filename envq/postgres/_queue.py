@@ -179,6 +179,21 @@ class _NeverFits(CapacityExceeded):
     """A batch larger than the capacity: no wait makes room for it."""
 
 
+def _unreachable(driver: Any) -> tuple[type[BaseException], ...]:
+    """The errors of a database that cannot be reached, or of a DSN the driver cannot
+    read (the standard library's URL parser raises ``ValueError``)."""
+    return (OSError, ValueError, driver.PostgresError, driver.InterfaceError)
+
+
+def _secrets(dsn: str) -> list[str]:
+    """What of the DSN no message may show: the DSN itself and its password (as a
+    URL's or as a ``password=`` setting)."""
+    found = [dsn]
+    found += re.findall(r"://[^:/@?]*:([^@/?]+)@", dsn)
+    found += re.findall(r"password=([^&\s]+)", dsn)
+    return sorted((s for s in found if s), key=len, reverse=True)
+
+
 #: The shortest lease: a node renews every third of it, and a renewal is a round trip
 #: to the database; a shorter one would expire under a node that is alive.
 LEASE_MIN: Final = 0.1
@@ -292,6 +307,13 @@ class PgQueue:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext('envq.install'))")
                 there = await conn.fetchval("SELECT to_regclass('envq.schema_version')")
                 if there is None:
+                    if await conn.fetchval(
+                        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'envq')"
+                    ):
+                        raise RuntimeError(
+                            "the database has a schema 'envq' without envq's tables: drop "
+                            "it (or rename it) and install again"
+                        )
                     await conn.execute(render())
                 else:
                     version = await conn.fetchval("SELECT max(version) FROM envq.schema_version")
@@ -306,11 +328,36 @@ class PgQueue:
     async def _connect(self, driver: Any) -> asyncpg.Connection:
         try:
             return cast("asyncpg.Connection", await driver.connect(self._dsn))
-        except (OSError, driver.PostgresError) as error:
-            # The DSN (and its password) stays out of the message.
-            raise StoreUnavailable(
-                f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
-            ) from None
+        except _unreachable(driver) as error:
+            raise self._unavailable(error) from None
+
+    def _unavailable(self, error: BaseException) -> StoreUnavailable:
+        """The error of a database that cannot be reached (or a DSN the driver cannot
+        read): the driver's reason, with the DSN and its password left out."""
+        reason = str(error)
+        for secret in _secrets(self._dsn):
+            reason = reason.replace(secret, "***")
+        return StoreUnavailable(
+            f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
+            + (f": {reason}" if reason else "")
+        )
+
+    async def _check_schema(self, pool: asyncpg.Pool) -> None:
+        """Refuse a database without envq's schema, or with a schema of another
+        version than this envq's."""
+        async with pool.acquire() as conn:
+            there = await conn.fetchval("SELECT to_regclass('envq.schema_version')")
+            if there is None:
+                raise RuntimeError(
+                    f"queue {self.name!r}: the database has no envq schema: call install() "
+                    "(or run the node command with --install) first"
+                )
+            version = await conn.fetchval("SELECT max(version) FROM envq.schema_version")
+        if version != SCHEMA_VERSION:
+            raise RuntimeError(
+                f"queue {self.name!r}: envq's schema in the database is version {version}, "
+                f"this envq needs {SCHEMA_VERSION}"
+            )
 
     @on_its_loop
     async def connect(self) -> None:
@@ -320,20 +367,28 @@ class PgQueue:
         import asyncpg  # noqa: PLC0415
 
         try:
-            self._pool = await asyncpg.create_pool(
+            pool = await asyncpg.create_pool(
                 self._dsn,
                 min_size=1,
                 max_size=max(2, min(self.workers, 8) + 2),
                 server_settings=self._session_settings(),
             )
-        except (OSError, asyncpg.PostgresError) as error:
-            raise StoreUnavailable(
-                f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
-            ) from None
+        except _unreachable(asyncpg) as error:
+            raise self._unavailable(error) from None
+        # Kept only once the schema is there and the queue's row made: a connect that
+        # failed leaves this object unconnected (and a second connect tries again).
+        try:
+            await self._check_schema(pool)
+            await pool.execute(
+                "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
+            )
+        except BaseException as error:
+            pool.terminate()
+            if isinstance(error, _lost(asyncpg)):
+                raise self._unavailable(error) from None
+            raise
+        self._pool = pool
         self._loop = asyncio.get_running_loop()
-        await self._pool.execute(
-            "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
-        )
         self._events.connected()
 
     def _session_settings(self) -> dict[str, str]:
