@@ -815,6 +815,15 @@ COMMENT ON FUNCTION envq.broadcast IS
     'queue it moves, each where the tables lead (RUNNING ones are left to their attempts).';
 
 -- ------------------------------------------------------------------------------------
+-- The capacity: the queue's, not a process's. Whoever creates the queue's row sets it;
+-- every sender checks its batch against the row's value.
+-- ------------------------------------------------------------------------------------
+ALTER TABLE envq.queues ADD COLUMN capacity integer NOT NULL DEFAULT 0
+    CONSTRAINT queues_capacity CHECK (capacity >= 0);
+COMMENT ON COLUMN envq.queues.capacity IS
+    'The most live envelopes the queue holds (0: no limit), set when the row is created.';
+
+-- ------------------------------------------------------------------------------------
 -- The journal: an optional record of every move of a queue, for checking a deployment
 -- against the tables (the conformance driver turns it on for its queue). Off by
 -- default: the triggers read the flag with the queue row they read anyway, so a

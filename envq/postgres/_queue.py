@@ -215,7 +215,10 @@ class PgQueue:
     :param workers: attempts this process runs at once once started (0: a producer
         only).
     :param capacity: the most live envelopes the queue holds (0: no limit); a batch
-        that would exceed it is refused whole.
+        that would exceed it is refused whole. The capacity is the queue's: the object
+        that creates the queue's row sets it (None: 0), and one given a capacity other
+        than the row's is refused by :meth:`connect` (None: the queue's, whatever it
+        is).
     :param lease: seconds an attempt's lease lasts without renewal (from 0.1 to 86400);
         a node renews its leases every third of it, and an attempt whose node stops
         renewing is reaped by another node after it.
@@ -235,7 +238,7 @@ class PgQueue:
         name: str = "default",
         *,
         workers: int = 10,
-        capacity: int = 0,
+        capacity: int | None = None,
         lease: float = 30.0,
         node: str | None = None,
         poll: float = 1.0,
@@ -250,7 +253,13 @@ class PgQueue:
             raise ValueError(f"{where}: dsn must name a database, got {dsn!r}")
         self.name = _checks.name(f"{where} name", name)
         self.workers = _checks.integer(f"{where} workers", workers, minimum=0)
-        self.capacity = _checks.integer(f"{where} capacity", capacity, minimum=0)
+        #: The capacity this object was given (None: the queue's, whatever it is).
+        self._asked_capacity = (
+            None if capacity is None else _checks.integer(f"{where} capacity", capacity, minimum=0)
+        )
+        #: The queue's capacity (0: no limit): the one given until :meth:`connect` reads
+        #: the queue's row.
+        self.capacity = self._asked_capacity or 0
         self.lease = _checks.seconds(f"{where} lease", lease, positive=True)
         if not LEASE_MIN <= self.lease <= LEASE_MAX:
             raise ValueError(
@@ -380,8 +389,20 @@ class PgQueue:
         try:
             await self._check_schema(pool)
             await pool.execute(
-                "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
+                "INSERT INTO envq.queues (name, capacity) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                self.name,
+                self._asked_capacity or 0,
             )
+            capacity = await pool.fetchval(
+                "SELECT capacity FROM envq.queues WHERE name = $1", self.name
+            )
+            if self._asked_capacity is not None and capacity != self._asked_capacity:
+                raise ValueError(
+                    f"queue {self.name!r}: capacity={self._asked_capacity} but the queue's "
+                    f"capacity is {capacity} (set by whoever created it): give "
+                    "capacity=None to use the queue's"
+                )
+            self.capacity = capacity
         except BaseException as error:
             pool.terminate()
             if isinstance(error, _lost(asyncpg)):
@@ -716,7 +737,8 @@ class PgQueue:
     async def _send(self, rows: Sequence[Encoded]) -> int:
         async with self._session() as conn, conn.transaction():
             found = await conn.fetchrow(
-                "SELECT state, blacklist, extract(epoch FROM clock_timestamp())::float8 AS now"
+                "SELECT state, blacklist, capacity,"
+                " extract(epoch FROM clock_timestamp())::float8 AS now"
                 " FROM envq.queues WHERE name = $1 FOR SHARE",
                 self.name,
             )
@@ -731,7 +753,9 @@ class PgQueue:
             for enc in rows:
                 if enc.type and enc.type in banned:
                     raise TypeBlacklisted(f"queue {self.name!r}: type {enc.type!r} is blacklisted")
-            if self.capacity:
+            # The queue's capacity, as its row says now.
+            capacity = self.capacity = found["capacity"]
+            if capacity:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.name)
 
                 live = await conn.fetchval(
@@ -752,16 +776,16 @@ class PgQueue:
                         ids,
                         _LIVE,
                     )
-                if fresh > self.capacity:
+                if fresh > capacity:
                     # (An id live now only takes room once it has ended.)
                     raise _NeverFits(
                         f"queue {self.name!r}: {fresh} new envelope(s) can never fit"
-                        f" the capacity of {self.capacity}"
+                        f" the capacity of {capacity}"
                     )
-                if fresh and live + fresh > self.capacity:
+                if fresh and live + fresh > capacity:
                     raise CapacityExceeded(
                         f"queue {self.name!r}: no room for {fresh} envelope(s): "
-                        f"{live} of {self.capacity} used"
+                        f"{live} of {capacity} used"
                     )
             arrival = _ARRIVAL[row.action]
             if arrival is Arrival.NOW:  # a calendar's first run: its first fire from now on
@@ -838,7 +862,9 @@ class PgQueue:
             by_state=MappingProxyType(by_state),
             in_flight=by_state.get(EnvState.RUNNING, 0),
             capacity_used=sum(n for state, n in by_state.items() if state in LIVE_STATES),
-            capacity_limit=self.capacity,
+            capacity_limit=await self._db().fetchval(
+                "SELECT capacity FROM envq.queues WHERE name = $1", self.name
+            ),
             outcomes=MappingProxyType(dict(self._node.outcomes)),
             dedups=self._dedups,
             rejections=MappingProxyType(dict(self._rejections)),

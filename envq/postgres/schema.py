@@ -743,6 +743,17 @@ COMMENT ON FUNCTION envq.next_due IS
 # The journal (optional)
 # ---------------------------------------------------------------------------------------
 
+_CAPACITY: Final = """\
+-- ------------------------------------------------------------------------------------
+-- The capacity: the queue's, not a process's. Whoever creates the queue's row sets it;
+-- every sender checks its batch against the row's value.
+-- ------------------------------------------------------------------------------------
+ALTER TABLE envq.queues ADD COLUMN capacity integer NOT NULL DEFAULT 0
+    CONSTRAINT queues_capacity CHECK (capacity >= 0);
+COMMENT ON COLUMN envq.queues.capacity IS
+    'The most live envelopes the queue holds (0: no limit), set when the row is created.';
+"""
+
 _JOURNAL: Final = """\
 -- ------------------------------------------------------------------------------------
 -- The journal: an optional record of every move of a queue, for checking a deployment
@@ -964,6 +975,7 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         .replace("{initial}", INITIAL_QUEUE_STATE.value),
         "-- Attempts under leases: claim, renew, finish (fenced by the lease token).\n",
         _leases(),
+        _CAPACITY,
         _JOURNAL.replace("{live}", live),
     ]
     return "\n".join(parts)

@@ -161,6 +161,28 @@ async def test_send_wait_of_a_batch_larger_than_the_capacity_fails_at_once(pg_ds
             await q.send_wait(envq.Envelope(invoke=pg_jobs.noop), timeout=0.3)
 
 
+async def test_the_capacity_is_the_queues_not_each_objects(pg_dsn: str) -> None:
+    """The object that creates the queue's row sets its capacity; another object given
+    another capacity is refused, one given none takes the queue's."""
+    name = _name()
+    first = PgQueue(pg_dsn, name, workers=0, capacity=1)
+    await first.install()
+    async with first:
+        other = PgQueue(pg_dsn, name, workers=0, capacity=100)
+        with pytest.raises(ValueError, match="capacity"):
+            await other.connect()
+        assert other._pool is None
+        async with PgQueue(pg_dsn, name, workers=0) as follower:
+            assert follower.capacity == 1
+            await follower.send(envq.Envelope(invoke=pg_jobs.noop))
+            with pytest.raises(envq.CapacityExceeded, match="1 of 1 used"):
+                await follower.send(envq.Envelope(invoke=pg_jobs.noop))
+            assert (await follower.statistics()).capacity_limit == 1
+        with pytest.raises(envq.CapacityExceeded):
+            await first.send(envq.Envelope(invoke=pg_jobs.noop))
+        assert (await first.counts()) == {"buffered": 1}
+
+
 # -- text PostgreSQL cannot store, a lost connection -----------------------------------
 
 
