@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -46,7 +45,6 @@ from envq._entry import elsewhere, hand_over
 from envq._envelope import Envelope
 from envq._errors import (
     BadEnvelope,
-    BadEnvelopeType,
     CapacityExceeded,
     QueueNotRunning,
     TypeBlacklisted,
@@ -70,6 +68,18 @@ from envq._machine import (
 )
 from envq._values import HookTimeout, Rejection, Statistics
 from envq.postgres._codec import Encoded, decode, encode, first_wait
+from envq.postgres._edges import (
+    NeverFits,
+    StoreUnavailable,
+    check_dsn,
+    check_lease,
+    check_room,
+    check_schema,
+    queue_row,
+    storable_text,
+    unavailable,
+    unreachable,
+)
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
 from envq.postgres._node import CHANNEL, Node, _lost, _node_name, arm_calendars
@@ -111,7 +121,6 @@ BROADCASTS: Final[Mapping[LifeAction, tuple[EnvEvent, ...]]] = {
 #: its own): terminate always, a stop only when asked to.
 _CANCELS: Final[Mapping[QueueCall, CancelCause]] = {QueueCall.TERMINATE: CancelCause.TERMINATE}
 
-_LIVE: Final = [s.value for s in LIVE_STATES]
 _SEND_TARGETS: Final = QUEUE_MOVES[(INITIAL, EnvEvent.SEND)].targets
 #: The lifecycle action of a send, by the arrival it leads to.
 _ARRIVAL: Final[Mapping[LifeAction, Arrival]] = {
@@ -138,73 +147,6 @@ SELECT $1, u.id::jsonb, u.type, u.invoke, u.payload::jsonb, u.kind::envq.envelop
  ORDER BY u.n
 ON CONFLICT DO NOTHING
 """
-
-
-#: The characters PostgreSQL's text and jsonb cannot hold: NUL, and the UTF-16
-#: surrogates (a lone one is no character; a pair would come back joined).
-_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
-
-
-def _unstorable(value: object) -> str | None:
-    """The first string in ``value`` (a JSON value: keys, items, values) PostgreSQL
-    cannot store, or None."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _UNSTORABLE.search(item):
-                return item
-        elif isinstance(item, Mapping):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return None
-
-
-def _storable_text(env: Envelope, label: str) -> None:
-    """Refuse an envelope whose ``id``, ``payload`` or ``type`` holds text PostgreSQL
-    cannot store, naming the field (before the database is asked)."""
-    for field in ("id", "payload", "type"):
-        bad = _unstorable(getattr(env, field))
-        if bad is not None:
-            raise BadEnvelopeType(
-                f"{label}: {field}={getattr(env, field)!r} cannot cross processes: "
-                f"{bad!r} holds a NUL character or a UTF-16 surrogate, which PostgreSQL "
-                "cannot store"
-            )
-
-
-class _NeverFits(CapacityExceeded):
-    """A batch larger than the capacity: no wait makes room for it."""
-
-
-def _unreachable(driver: Any) -> tuple[type[BaseException], ...]:
-    """The errors of a database that cannot be reached, or of a DSN the driver cannot
-    read (the standard library's URL parser raises ``ValueError``)."""
-    return (OSError, ValueError, driver.PostgresError, driver.InterfaceError)
-
-
-def _secrets(dsn: str) -> list[str]:
-    """What of the DSN no message may show: the DSN itself and its password (as a
-    URL's or as a ``password=`` setting)."""
-    found = [dsn]
-    found += re.findall(r"://[^:/@?]*:([^@/?]+)@", dsn)
-    found += re.findall(r"password=([^&\s]+)", dsn)
-    return sorted((s for s in found if s), key=len, reverse=True)
-
-
-#: The shortest lease: a node renews every third of it, and a renewal is a round trip
-#: to the database; a shorter one would expire under a node that is alive.
-LEASE_MIN: Final = 0.1
-#: The longest lease: a day (an attempt longer than that is renewed, not leased once;
-#: a lease of years would outrun PostgreSQL's intervals and timestamps).
-LEASE_MAX: Final = 86400.0
-
-
-class StoreUnavailable(QueueNotRunning):
-    """The database could not be reached, or the connection was lost mid-call; what the
-    call would have changed is rolled back (a ``send`` admitted nothing)."""
 
 
 class PgQueue:
@@ -247,10 +189,7 @@ class PgQueue:
         event_poll: float = 0.1,
     ) -> None:
         where = "PgQueue()"
-        if not isinstance(dsn, str):
-            raise TypeError(f"{where}: dsn must be a str, not {type(dsn).__name__}")
-        if not dsn.strip():
-            raise ValueError(f"{where}: dsn must name a database, got {dsn!r}")
+        check_dsn(where, dsn)
         self.name = _checks.name(f"{where} name", name)
         self.workers = _checks.integer(f"{where} workers", workers, minimum=0)
         #: The capacity this object was given (None: the queue's, whatever it is).
@@ -260,16 +199,10 @@ class PgQueue:
         #: The queue's capacity (0: no limit): the one given until :meth:`connect` reads
         #: the queue's row.
         self.capacity = self._asked_capacity or 0
-        self.lease = _checks.seconds(f"{where} lease", lease, positive=True)
-        if not LEASE_MIN <= self.lease <= LEASE_MAX:
-            raise ValueError(
-                f"{where}: lease must be from {LEASE_MIN} to {LEASE_MAX} seconds, got {lease!r}"
-            )
-        if hook_timeout is not None and not isinstance(hook_timeout, HookTimeout):
-            raise TypeError(
-                f"{where}: hook_timeout must be an envq.HookTimeout or None, "
-                f"not {type(hook_timeout).__name__}"
-            )
+        self.lease = check_lease(where, lease)
+        if hook_timeout is not None:
+            want = "an envq.HookTimeout or None"
+            _checks.instance(f"{where} hook_timeout", hook_timeout, HookTimeout, want=want)
         self.poll = _checks.seconds(f"{where} poll", poll, positive=True)
         self.node = _node_name() if node is None else _checks.name(f"{where} node", node)
         self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
@@ -337,36 +270,8 @@ class PgQueue:
     async def _connect(self, driver: Any) -> asyncpg.Connection:
         try:
             return cast("asyncpg.Connection", await driver.connect(self._dsn))
-        except _unreachable(driver) as error:
-            raise self._unavailable(error) from None
-
-    def _unavailable(self, error: BaseException) -> StoreUnavailable:
-        """The error of a database that cannot be reached (or a DSN the driver cannot
-        read): the driver's reason, with the DSN and its password left out."""
-        reason = str(error)
-        for secret in _secrets(self._dsn):
-            reason = reason.replace(secret, "***")
-        return StoreUnavailable(
-            f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
-            + (f": {reason}" if reason else "")
-        )
-
-    async def _check_schema(self, pool: asyncpg.Pool) -> None:
-        """Refuse a database without envq's schema, or with a schema of another
-        version than this envq's."""
-        async with pool.acquire() as conn:
-            there = await conn.fetchval("SELECT to_regclass('envq.schema_version')")
-            if there is None:
-                raise RuntimeError(
-                    f"queue {self.name!r}: the database has no envq schema: call install() "
-                    "(or run the node command with --install) first"
-                )
-            version = await conn.fetchval("SELECT max(version) FROM envq.schema_version")
-        if version != SCHEMA_VERSION:
-            raise RuntimeError(
-                f"queue {self.name!r}: envq's schema in the database is version {version}, "
-                f"this envq needs {SCHEMA_VERSION}"
-            )
+        except unreachable(driver) as error:
+            raise unavailable(self.name, self._dsn, error) from None
 
     @on_its_loop
     async def connect(self) -> None:
@@ -382,31 +287,18 @@ class PgQueue:
                 max_size=max(2, min(self.workers, 8) + 2),
                 server_settings=self._session_settings(),
             )
-        except _unreachable(asyncpg) as error:
-            raise self._unavailable(error) from None
+        except unreachable(asyncpg) as error:
+            raise unavailable(self.name, self._dsn, error) from None
         # Kept only once the schema is there and the queue's row made: a connect that
         # failed leaves this object unconnected (and a second connect tries again).
         try:
-            await self._check_schema(pool)
-            await pool.execute(
-                "INSERT INTO envq.queues (name, capacity) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                self.name,
-                self._asked_capacity or 0,
-            )
-            capacity = await pool.fetchval(
-                "SELECT capacity FROM envq.queues WHERE name = $1", self.name
-            )
-            if self._asked_capacity is not None and capacity != self._asked_capacity:
-                raise ValueError(
-                    f"queue {self.name!r}: capacity={self._asked_capacity} but the queue's "
-                    f"capacity is {capacity} (set by whoever created it): give "
-                    "capacity=None to use the queue's"
-                )
-            self.capacity = capacity
+            async with pool.acquire() as conn:
+                await check_schema(conn, self.name)
+                self.capacity = await queue_row(conn, self.name, self._asked_capacity)
         except BaseException as error:
             pool.terminate()
             if isinstance(error, _lost(asyncpg)):
-                raise self._unavailable(error) from None
+                raise unavailable(self.name, self._dsn, error) from None
             raise
         self._pool = pool
         self._loop = asyncio.get_running_loop()
@@ -711,7 +603,7 @@ class PgQueue:
         try:
             rows = [encode(env, label) for env in envelopes]
             for env in envelopes:
-                _storable_text(env, label)
+                storable_text(env, label)
         except BadEnvelope:
             self._rejections[Rejection.INVALID] = self._rejections.get(Rejection.INVALID, 0) + 1
             raise
@@ -756,37 +648,7 @@ class PgQueue:
             # The queue's capacity, as its row says now.
             capacity = self.capacity = found["capacity"]
             if capacity:
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.name)
-
-                live = await conn.fetchval(
-                    "SELECT count(*) FROM envq.envelopes WHERE queue = $1"
-                    " AND state = ANY($2::envq.envelope_state[])",
-                    self.name,
-                    _LIVE,
-                )
-                # A dedup (an id live already, or twice in the batch) takes no room.
-                ids = [e.id for e in rows if e.id is not None]
-                fresh = len(rows) - len(ids)
-                if ids:
-                    fresh += await conn.fetchval(
-                        "SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
-                        " WHERE NOT EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = $1"
-                        " AND e.id = i::jsonb AND e.state = ANY($3::envq.envelope_state[]))",
-                        self.name,
-                        ids,
-                        _LIVE,
-                    )
-                if fresh > capacity:
-                    # (An id live now only takes room once it has ended.)
-                    raise _NeverFits(
-                        f"queue {self.name!r}: {fresh} new envelope(s) can never fit"
-                        f" the capacity of {capacity}"
-                    )
-                if fresh and live + fresh > capacity:
-                    raise CapacityExceeded(
-                        f"queue {self.name!r}: no room for {fresh} envelope(s): "
-                        f"{live} of {capacity} used"
-                    )
+                await check_room(conn, self.name, rows, capacity)
             arrival = _ARRIVAL[row.action]
             if arrival is Arrival.NOW:  # a calendar's first run: its first fire from now on
                 rows = [first_wait(enc, found["now"]) for enc in rows]
@@ -837,7 +699,7 @@ class PgQueue:
         while True:
             try:
                 return await self.send(*envelopes)
-            except _NeverFits:
+            except NeverFits:
                 raise
             except CapacityExceeded:
                 if until is not None and loop.time() >= until:
