@@ -618,16 +618,16 @@ COMMENT ON FUNCTION envq.claim IS
     'Starts attempts: up to how_many READY envelopes of a dispatching queue, oldest '
     'first, skipping rows other claims hold, each RUNNING under a new lease.';
 
-CREATE FUNCTION envq.renew(owner text, lease interval) RETURNS SETOF uuid
+CREATE FUNCTION envq.renew(queue text, owner text, lease interval) RETURNS SETOF uuid
 LANGUAGE sql AS $$
     UPDATE envq.envelopes AS e SET lease_expires_at = clock_timestamp() + lease
-     WHERE e.lease_owner = owner AND e.state = 'running'
+     WHERE e.queue = renew.queue AND e.lease_owner = owner AND e.state = 'running'
        AND e.lease_expires_at > clock_timestamp()
     RETURNING e.lease_token
 $$;
 COMMENT ON FUNCTION envq.renew IS
-    'Extends every lease the owner still holds; returns their tokens. An expired '
-    'lease is not renewed: it is lost.';
+    'Extends every lease the owner still holds on the queue; returns their tokens. An '
+    'expired lease is not renewed: it is lost.';
 
 CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
                             decision envq.decision_kind DEFAULT NULL,
@@ -817,6 +817,15 @@ $$;
 COMMENT ON FUNCTION envq.broadcast IS
     'A queue-side event (start, stop, terminate) applied to every live envelope of a '
     'queue it moves, each where the tables lead (RUNNING ones are left to their attempts).';
+
+-- ------------------------------------------------------------------------------------
+-- The capacity: the queue's, not a process's. Whoever creates the queue's row sets it;
+-- every sender checks its batch against the row's value.
+-- ------------------------------------------------------------------------------------
+ALTER TABLE envq.queues ADD COLUMN capacity integer NOT NULL DEFAULT 0
+    CONSTRAINT queues_capacity CHECK (capacity >= 0);
+COMMENT ON COLUMN envq.queues.capacity IS
+    'The most live envelopes the queue holds (0: no limit), set when the row is created.';
 
 -- ------------------------------------------------------------------------------------
 -- The journal: an optional record of every move of a queue, for checking a deployment

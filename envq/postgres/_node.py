@@ -427,7 +427,10 @@ class Node:
         held = {
             r[0]
             for r in await db.fetch(
-                "SELECT * FROM envq.renew($1, $2 * interval '1 second')", self.node, self.lease
+                "SELECT * FROM envq.renew($1, $2, $3 * interval '1 second')",
+                self.name,
+                self.node,
+                self.lease,
             )
         }
         for flight in known:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
@@ -42,7 +43,12 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 from envq import _checks
 from envq._entry import elsewhere, hand_over
 from envq._envelope import Envelope
-from envq._errors import BadEnvelope, CapacityExceeded, QueueNotRunning, TypeBlacklisted
+from envq._errors import (
+    BadEnvelope,
+    CapacityExceeded,
+    QueueNotRunning,
+    TypeBlacklisted,
+)
 from envq._listeners import Listener
 from envq._machine import (
     INITIAL,
@@ -62,6 +68,18 @@ from envq._machine import (
 )
 from envq._values import HookTimeout, Rejection, Statistics
 from envq.postgres._codec import Encoded, decode, encode, first_wait
+from envq.postgres._edges import (
+    NeverFits,
+    StoreUnavailable,
+    check_dsn,
+    check_lease,
+    check_room,
+    check_schema,
+    queue_row,
+    storable_text,
+    unavailable,
+    unreachable,
+)
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
 from envq.postgres._node import CHANNEL, Node, _lost, _node_name, arm_calendars
@@ -103,7 +121,6 @@ BROADCASTS: Final[Mapping[LifeAction, tuple[EnvEvent, ...]]] = {
 #: its own): terminate always, a stop only when asked to.
 _CANCELS: Final[Mapping[QueueCall, CancelCause]] = {QueueCall.TERMINATE: CancelCause.TERMINATE}
 
-_LIVE: Final = [s.value for s in LIVE_STATES]
 _SEND_TARGETS: Final = QUEUE_MOVES[(INITIAL, EnvEvent.SEND)].targets
 #: The lifecycle action of a send, by the arrival it leads to.
 _ARRIVAL: Final[Mapping[LifeAction, Arrival]] = {
@@ -132,11 +149,6 @@ ON CONFLICT DO NOTHING
 """
 
 
-class StoreUnavailable(QueueNotRunning):
-    """The database could not be reached, or the connection was lost mid-call; what the
-    call would have changed is rolled back (a ``send`` admitted nothing)."""
-
-
 class PgQueue:
     """A named queue stored in PostgreSQL, with envq's lifecycle and outcome tables.
 
@@ -145,11 +157,16 @@ class PgQueue:
     :param workers: attempts this process runs at once once started (0: a producer
         only).
     :param capacity: the most live envelopes the queue holds (0: no limit); a batch
-        that would exceed it is refused whole.
-    :param lease: seconds an attempt's lease lasts without renewal; a node renews its
-        leases every third of it, and an attempt whose node stops renewing is reaped
-        by another node after it.
-    :param node: this process's name in the leases (default: host-pid-random).
+        that would exceed it is refused whole. The capacity is the queue's: the object
+        that creates the queue's row sets it (None: 0), and one given a capacity other
+        than the row's is refused by :meth:`connect` (None: the queue's, whatever it
+        is).
+    :param lease: seconds an attempt's lease lasts without renewal (from 0.1 to 86400);
+        a node renews its leases every third of it, and an attempt whose node stops
+        renewing is reaped by another node after it.
+    :param node: this process's name (default: host-pid-random): its sessions'
+        ``application_name`` is ``envq:<node>``, and its leases are held under
+        :attr:`lease_owner`, the name and a suffix of this object's own.
     :param poll: seconds between polls when no notification arrives.
     :param stop_mode: how ``stop()`` treats ready envelopes by default.
     :param hook_timeout: the hooks' time budgets.
@@ -163,7 +180,7 @@ class PgQueue:
         name: str = "default",
         *,
         workers: int = 10,
-        capacity: int = 0,
+        capacity: int | None = None,
         lease: float = 30.0,
         node: str | None = None,
         poll: float = 1.0,
@@ -172,12 +189,20 @@ class PgQueue:
         event_poll: float = 0.1,
     ) -> None:
         where = "PgQueue()"
-        if not isinstance(dsn, str) or not dsn:
-            raise TypeError(f"{where}: dsn must be a non-empty str, not {type(dsn).__name__}")
+        check_dsn(where, dsn)
         self.name = _checks.name(f"{where} name", name)
         self.workers = _checks.integer(f"{where} workers", workers, minimum=0)
-        self.capacity = _checks.integer(f"{where} capacity", capacity, minimum=0)
-        self.lease = _checks.seconds(f"{where} lease", lease, positive=True)
+        #: The capacity this object was given (None: the queue's, whatever it is).
+        self._asked_capacity = (
+            None if capacity is None else _checks.integer(f"{where} capacity", capacity, minimum=0)
+        )
+        #: The queue's capacity (0: no limit): the one given until :meth:`connect` reads
+        #: the queue's row.
+        self.capacity = self._asked_capacity or 0
+        self.lease = check_lease(where, lease)
+        if hook_timeout is not None:
+            want = "an envq.HookTimeout or None"
+            _checks.instance(f"{where} hook_timeout", hook_timeout, HookTimeout, want=want)
         self.poll = _checks.seconds(f"{where} poll", poll, positive=True)
         self.node = _node_name() if node is None else _checks.name(f"{where} node", node)
         self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
@@ -188,8 +213,17 @@ class PgQueue:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dedups = 0
         self._rejections: dict[Rejection, int] = {}
+        #: The owner of this object's leases: the node's name and a suffix of this
+        #: object's own, so that a node restarted under the same name (or another
+        #: object of this process) never renews the leases of its predecessor.
+        self.lease_owner = f"{self.node}#{uuid.uuid4().hex[:8]}"
         self._node = Node(
-            self, self.node, self.workers, self.lease, self.poll, hook_timeout or HookTimeout()
+            self,
+            self.lease_owner,
+            self.workers,
+            self.lease,
+            self.poll,
+            hook_timeout or HookTimeout(),
         )
         self._events = Follower(self, self.event_poll)
 
@@ -215,6 +249,13 @@ class PgQueue:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext('envq.install'))")
                 there = await conn.fetchval("SELECT to_regclass('envq.schema_version')")
                 if there is None:
+                    if await conn.fetchval(
+                        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'envq')"
+                    ):
+                        raise RuntimeError(
+                            "the database has a schema 'envq' without envq's tables: drop "
+                            "it (or rename it) and install again"
+                        )
                     await conn.execute(render())
                 else:
                     version = await conn.fetchval("SELECT max(version) FROM envq.schema_version")
@@ -229,11 +270,8 @@ class PgQueue:
     async def _connect(self, driver: Any) -> asyncpg.Connection:
         try:
             return cast("asyncpg.Connection", await driver.connect(self._dsn))
-        except (OSError, driver.PostgresError) as error:
-            # The DSN (and its password) stays out of the message.
-            raise StoreUnavailable(
-                f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
-            ) from None
+        except unreachable(driver) as error:
+            raise unavailable(self.name, self._dsn, error) from None
 
     @on_its_loop
     async def connect(self) -> None:
@@ -243,20 +281,27 @@ class PgQueue:
         import asyncpg  # noqa: PLC0415
 
         try:
-            self._pool = await asyncpg.create_pool(
+            pool = await asyncpg.create_pool(
                 self._dsn,
                 min_size=1,
                 max_size=max(2, min(self.workers, 8) + 2),
                 server_settings=self._session_settings(),
             )
-        except (OSError, asyncpg.PostgresError) as error:
-            raise StoreUnavailable(
-                f"queue {self.name!r}: cannot reach the database: {type(error).__name__}"
-            ) from None
+        except unreachable(asyncpg) as error:
+            raise unavailable(self.name, self._dsn, error) from None
+        # Kept only once the schema is there and the queue's row made: a connect that
+        # failed leaves this object unconnected (and a second connect tries again).
+        try:
+            async with pool.acquire() as conn:
+                await check_schema(conn, self.name)
+                self.capacity = await queue_row(conn, self.name, self._asked_capacity)
+        except BaseException as error:
+            pool.terminate()
+            if isinstance(error, _lost(asyncpg)):
+                raise unavailable(self.name, self._dsn, error) from None
+            raise
+        self._pool = pool
         self._loop = asyncio.get_running_loop()
-        await self._pool.execute(
-            "INSERT INTO envq.queues (name) VALUES ($1) ON CONFLICT DO NOTHING", self.name
-        )
         self._events.connected()
 
     def _session_settings(self) -> dict[str, str]:
@@ -386,6 +431,10 @@ class PgQueue:
             are parked); only with STOP.
         :param wait: return once the queue is STOPPED (the attempts in flight have
             ended, or their leases expired and were reaped).
+
+        A stop of a queue never started changes nothing and returns at once. Unlike
+        one process's ``stop()``, it returns no report: the envelopes a stop parks
+        stay rows of the shared queue, seen through :meth:`counts` and the events.
         """
         where = f"queue {self.name!r}: stop()"
         mode = self.stop_mode if mode is None else _checks.member(f"{where} mode", mode, StopMode)
@@ -393,9 +442,11 @@ class PgQueue:
         _checks.flag(f"{where} wait", wait)
         if cancel and mode is StopMode.DRAIN:
             raise ValueError(f"{where}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)")
-        await self._call(QueueCall.STOP, mode, CancelCause.STOP if cancel else None)
+        action = await self._call(QueueCall.STOP, mode, CancelCause.STOP if cancel else None)
         self._node.wake()
-        if wait:
+        # A stop that the tables make a no-op (a queue never started, or one already
+        # stopped) has nothing to wait for.
+        if wait and action is not LifeAction.NOTHING:
             await self.wait_stopped()
 
     @on_its_loop
@@ -418,6 +469,7 @@ class PgQueue:
         """Terminate the shared queue: every node cancels its attempts in flight, and
         every envelope not ended is handed back — re-created from its row, once, to the
         caller. Waits for the attempts in flight to end (or their leases to expire)."""
+        timeout = _checks.timeout(f"queue {self.name!r}: terminate() timeout", timeout)
         await self.connect()
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
@@ -550,6 +602,8 @@ class PgQueue:
         label = f"queue {self.name!r}: send()"
         try:
             rows = [encode(env, label) for env in envelopes]
+            for env in envelopes:
+                storable_text(env, label)
         except BadEnvelope:
             self._rejections[Rejection.INVALID] = self._rejections.get(Rejection.INVALID, 0) + 1
             raise
@@ -564,7 +618,7 @@ class PgQueue:
             reason = next(r for cls, r in _REJECTIONS.items() if isinstance(error, cls))
             self._rejections[reason] = self._rejections.get(reason, 0) + 1
             raise
-        except (OSError, asyncpg.exceptions.ConnectionDoesNotExistError) as error:
+        except _lost(asyncpg) as error:
             raise StoreUnavailable(
                 f"{label}: the connection was lost; nothing was admitted ({type(error).__name__})"
             ) from None
@@ -573,9 +627,10 @@ class PgQueue:
         return admitted
 
     async def _send(self, rows: Sequence[Encoded]) -> int:
-        async with self._db().acquire() as conn, conn.transaction():
+        async with self._session() as conn, conn.transaction():
             found = await conn.fetchrow(
-                "SELECT state, blacklist, extract(epoch FROM clock_timestamp())::float8 AS now"
+                "SELECT state, blacklist, capacity,"
+                " extract(epoch FROM clock_timestamp())::float8 AS now"
                 " FROM envq.queues WHERE name = $1 FOR SHARE",
                 self.name,
             )
@@ -590,30 +645,10 @@ class PgQueue:
             for enc in rows:
                 if enc.type and enc.type in banned:
                     raise TypeBlacklisted(f"queue {self.name!r}: type {enc.type!r} is blacklisted")
-            if self.capacity:
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.name)
-                # A dedup (an id live already, or twice in the batch) takes no room. The
-                # room and the dedup are read in one statement (one snapshot): an attempt
-                # ending between two reads would count its envelope live and new.
-                ids = [e.id for e in rows if e.id is not None]
-                room = await conn.fetchrow(
-                    "SELECT (SELECT count(*) FROM envq.envelopes WHERE queue = $1"
-                    " AND state = ANY($3::envq.envelope_state[])) AS live,"
-                    " (SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
-                    " WHERE NOT EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = $1"
-                    " AND e.id = i::jsonb AND e.state = ANY($3::envq.envelope_state[]))) AS fresh",
-                    self.name,
-                    ids,
-                    _LIVE,
-                )
-                assert room is not None  # an aggregate: always one row
-                live = room["live"]
-                fresh = len(rows) - len(ids) + room["fresh"]
-                if fresh and live + fresh > self.capacity:
-                    raise CapacityExceeded(
-                        f"queue {self.name!r}: no room for {fresh} envelope(s): "
-                        f"{live} of {self.capacity} used"
-                    )
+            # The queue's capacity, as its row says now.
+            capacity = self.capacity = found["capacity"]
+            if capacity:
+                await check_room(conn, self.name, rows, capacity)
             arrival = _ARRIVAL[row.action]
             if arrival is Arrival.NOW:  # a calendar's first run: its first fire from now on
                 rows = [first_wait(enc, found["now"]) for enc in rows]
@@ -655,13 +690,17 @@ class PgQueue:
     ) -> int:
         """:meth:`send`, waiting (polling) while the batch does not fit the capacity.
 
-        :raises TimeoutError: no room within ``timeout`` seconds.
+        :raises TimeoutError: no room within ``timeout`` seconds;
+            :class:`CapacityExceeded`: at once, for a batch larger than the capacity.
         """
+        timeout = _checks.timeout(f"queue {self.name!r}: send_wait() timeout", timeout)
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
         while True:
             try:
                 return await self.send(*envelopes)
+            except NeverFits:
+                raise
             except CapacityExceeded:
                 if until is not None and loop.time() >= until:
                     raise TimeoutError(
@@ -685,7 +724,9 @@ class PgQueue:
             by_state=MappingProxyType(by_state),
             in_flight=by_state.get(EnvState.RUNNING, 0),
             capacity_used=sum(n for state, n in by_state.items() if state in LIVE_STATES),
-            capacity_limit=self.capacity,
+            capacity_limit=await self._db().fetchval(
+                "SELECT capacity FROM envq.queues WHERE name = $1", self.name
+            ),
             outcomes=MappingProxyType(dict(self._node.outcomes)),
             dedups=self._dedups,
             rejections=MappingProxyType(dict(self._rejections)),

@@ -165,7 +165,8 @@ async def _held_by(queue: PgQueue, node: str) -> int:
     return int(
         await queue._db().fetchval(
             "SELECT count(*) FROM envq.envelopes WHERE queue = $1 AND state = 'running'"
-            " AND lease_owner = $2",
+            # A node holds its leases under its name and a suffix of its own.
+            " AND left(lease_owner, length($2) + 1) = $2 || '#'",
             QUEUE,
             node,
         )

@@ -19,21 +19,18 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Final
 
 from envq.postgres._queue import PgQueue
 
 __all__ = ["main"]
 
 
-async def _run(args: argparse.Namespace, dsn: str) -> None:
-    queue = PgQueue(
-        dsn,
-        args.queue,
-        workers=args.workers,
-        lease=args.lease,
-        poll=args.poll,
-        node=args.node,
-    )
+#: The levels ``--log`` accepts.
+_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+async def _run(args: argparse.Namespace, queue: PgQueue) -> None:
     if args.install:
         await queue.install()
     leave = asyncio.Event()
@@ -59,13 +56,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, default=1.0, help="poll seconds")
     parser.add_argument("--node", help="this node's name (default: host-pid-random)")
     parser.add_argument("--install", action="store_true", help="create the schema if missing")
-    parser.add_argument("--log", default="WARNING", help="log level")
+    parser.add_argument(
+        "--log", default="WARNING", type=str.upper, choices=_LEVELS, help="log level"
+    )
     args = parser.parse_args(argv)
     dsn = args.dsn or os.environ.get("ENVQ_DSN")
     if not dsn:
         parser.error("give --dsn or set ENVQ_DSN")
-    logging.basicConfig(level=args.log.upper(), stream=sys.stderr)
-    asyncio.run(_run(args, dsn))
+    try:
+        # The queue checks its parameters: a bad one is a usage error, not a traceback
+        # (the message names the parameter, never the DSN's password).
+        queue = PgQueue(
+            dsn,
+            args.queue,
+            workers=args.workers,
+            lease=args.lease,
+            poll=args.poll,
+            node=args.node,
+        )
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
+    logging.basicConfig(level=args.log, stream=sys.stderr)
+    asyncio.run(_run(args, queue))
     return 0
 
 

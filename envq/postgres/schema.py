@@ -467,16 +467,16 @@ COMMENT ON FUNCTION envq.claim IS
     'Starts attempts: up to how_many READY envelopes of a dispatching queue, oldest '
     'first, skipping rows other claims hold, each RUNNING under a new lease.';
 
-CREATE FUNCTION envq.renew(owner text, lease interval) RETURNS SETOF uuid
+CREATE FUNCTION envq.renew(queue text, owner text, lease interval) RETURNS SETOF uuid
 LANGUAGE sql AS $$
     UPDATE envq.envelopes AS e SET lease_expires_at = clock_timestamp() + lease
-     WHERE e.lease_owner = owner AND e.state = 'running'
+     WHERE e.queue = renew.queue AND e.lease_owner = owner AND e.state = 'running'
        AND e.lease_expires_at > clock_timestamp()
     RETURNING e.lease_token
 $$;
 COMMENT ON FUNCTION envq.renew IS
-    'Extends every lease the owner still holds; returns their tokens. An expired '
-    'lease is not renewed: it is lost.';
+    'Extends every lease the owner still holds on the queue; returns their tokens. An '
+    'expired lease is not renewed: it is lost.';
 
 CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
                             decision envq.decision_kind DEFAULT NULL,
@@ -749,6 +749,17 @@ COMMENT ON FUNCTION envq.next_due IS
 # The journal (optional)
 # ---------------------------------------------------------------------------------------
 
+_CAPACITY: Final = """\
+-- ------------------------------------------------------------------------------------
+-- The capacity: the queue's, not a process's. Whoever creates the queue's row sets it;
+-- every sender checks its batch against the row's value.
+-- ------------------------------------------------------------------------------------
+ALTER TABLE envq.queues ADD COLUMN capacity integer NOT NULL DEFAULT 0
+    CONSTRAINT queues_capacity CHECK (capacity >= 0);
+COMMENT ON COLUMN envq.queues.capacity IS
+    'The most live envelopes the queue holds (0: no limit), set when the row is created.';
+"""
+
 _JOURNAL: Final = """\
 -- ------------------------------------------------------------------------------------
 -- The journal: an optional record of every move of a queue, for checking a deployment
@@ -976,6 +987,7 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         .replace("{initial}", INITIAL_QUEUE_STATE.value),
         "-- Attempts under leases: claim, renew, finish (fenced by the lease token).\n",
         _leases(),
+        _CAPACITY,
         _JOURNAL.replace("{live}", live),
     ]
     return "\n".join(parts)

@@ -51,7 +51,7 @@ async def work(env: Any) -> None:
         " SELECT e.queue, $2, e.seq, e.attempt, e.lease_token, $3, clock_timestamp()"
         "   FROM envq.envelopes AS e"
         "  WHERE e.queue = $1 AND e.id = $4::jsonb AND e.state = 'running'"
-        "    AND e.lease_owner = $3"
+        "    AND regexp_replace(e.lease_owner, '#[0-9a-f]{8}$', '') = $3"
         " RETURNING run",
         spec["queue"],
         env.id,

@@ -69,7 +69,9 @@ BEGIN
         INSERT INTO fault_moves (seq, at, old_state, new_state, event, attempt,
                                  old_token, new_token, owner)
         VALUES (NEW.seq, clock_timestamp(), OLD.state, NEW.state, NEW.event, NEW.attempt,
-                OLD.lease_token, NEW.lease_token, coalesce(NEW.lease_owner, OLD.lease_owner));
+                OLD.lease_token, NEW.lease_token,
+                -- the node's name: a lease owner is the name and a suffix of its object
+                regexp_replace(coalesce(NEW.lease_owner, OLD.lease_owner), '#[0-9a-f]{8}$', ''));
     END IF;
     RETURN NEW;
 END

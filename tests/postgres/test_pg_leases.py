@@ -189,7 +189,8 @@ async def test_renew_extends_only_the_owners_live_leases(pg_dsn: str) -> None:
             other[0]["lease_token"],
         )
         renewed = await conn.fetch(
-            "SELECT token FROM envq.renew('node-a', interval '60 seconds') AS token"
+            "SELECT token FROM envq.renew($1, 'node-a', interval '60 seconds') AS token",
+            queue,
         )
         assert {r["token"] for r in renewed} == {r["lease_token"] for r in live}
         assert expired[0]["lease_token"] not in {r["token"] for r in renewed}
