@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -39,8 +40,9 @@ from envq._machine import (
     Outcome,
     QueueState,
 )
+from envq._schedule import Timing
 from envq._timers import Deadlines
-from envq._values import HookTimeout, Schedule
+from envq._values import HookTimeout, Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
 from envq.postgres.schema import event_label
 
@@ -403,7 +405,12 @@ class Node:
                     moved = await conn.fetchval("SELECT envq.due($1)", self.name)
                     if moved:
                         self._wake.set()
-                    await self._reap(conn)
+                    try:
+                        await self._reap(conn)
+                    except _lost(asyncpg):
+                        raise
+                    except Exception:  # reaping must not keep the node from following
+                        log.exception("queue %r: reaping failed", self.name)
                     await self._follow(conn)
             except asyncio.CancelledError:
                 raise
@@ -456,6 +463,8 @@ class Node:
             await self._host._try_drained()
 
     async def _reap(self, conn: _Conn) -> None:
+        import asyncpg  # noqa: PLC0415
+
         rows = await conn.fetch(
             "SELECT seq, lease_token FROM envq.envelopes WHERE queue = $1"
             " AND state = 'running' AND lease_expires_at <= clock_timestamp()"
@@ -463,22 +472,59 @@ class Node:
             self.name,
         )
         for row in rows:
-            await self._reap_one(conn, row["seq"], row["lease_token"])
+            seq, token = row["seq"], row["lease_token"]
+            try:
+                await self._reap_one(conn, seq, token)
+            except _lost(asyncpg):
+                raise
+            except asyncpg.PostgresError as error:
+                # One bad row (a next run the database cannot compute) must not keep
+                # the rows after it from being reaped, nor the keeper from its round.
+                log.error(
+                    "queue %r: could not reap envelope %s (%s); it ends as a dropped failure",
+                    self.name,
+                    seq,
+                    error,
+                )
+                try:
+                    await self._reap_one(conn, seq, token, dropped=True)
+                except _lost(asyncpg):
+                    raise
+                except asyncpg.PostgresError as again:
+                    log.error(
+                        "queue %r: could not end envelope %s as a dropped failure either "
+                        "(%s); it stays RUNNING, and the next round tries again",
+                        self.name,
+                        seq,
+                        again,
+                    )
 
-    async def _reap_one(self, conn: _Conn, seq: int, token: object) -> None:
+    async def _reap_one(
+        self, conn: _Conn, seq: int, token: object, *, dropped: bool = False
+    ) -> None:
         """End one expired attempt: decided (``on_failure`` called) by the one reaper
-        that holds its row, so that two nodes reaping at once do not both decide."""
+        that holds its row, so that two nodes reaping at once do not both decide.
+        ``dropped``: end it as a dropped failure, without deciding (its decided end
+        could not be written)."""
         async with conn.transaction():
             row = await conn.fetchrow(_REAPABLE, seq, token)
             if row is None:  # another reaper holds it, or it ended meanwhile
                 return
             started = time.monotonic()
             delay: float | None
+            decision: str | None
+            if dropped:
+                decision, delay, failures = DecisionKind.DROP.value, 0.0, None
+                ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
+                self._reaped(seq, row, ended)
+                return
             try:
                 env = decode(row)
-            except Exception:  # its code is missing here: it fails
-                decision: str | None = DecisionKind.DROP.value
-                delay, failures = 0.0, None
+            except Exception as error:  # its code is missing on this node
+                kind_, delay, failures = self._without_code(
+                    row, Outcome.EXPIRED, error, started, row["reaped_at"].timestamp()
+                )
+                decision = None if kind_ is None else kind_.value
             else:
                 w = Worker(self._epoch)
                 w.task = asyncio.current_task()
@@ -491,6 +537,9 @@ class Node:
                 )
                 decision = None if kind is None else kind.value
             ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
+        self._reaped(seq, row, ended)
+
+    def _reaped(self, seq: int, row: Row, ended: str | None) -> None:
         if ended is not None:
             self.counts_local["reaped"] += 1
             log.info(
@@ -511,10 +560,11 @@ class Node:
         outcome: Outcome
         cause: BaseException | None
         env: Envelope | None
+        missing: Exception | None = None
         try:
             env = decode(row)
         except Exception as error:  # its code is missing on this node
-            env = None
+            env, missing = None, error
             outcome, cause = Outcome.ERROR, error
         else:
             w.env = env
@@ -526,7 +576,10 @@ class Node:
             kind: DecisionKind | None
             delay: float | None
             if env is None:
-                kind, delay, failures = DecisionKind.DROP, 0.0, None
+                assert missing is not None
+                kind, delay, failures = self._without_code(
+                    row, outcome, missing, flight.claimed_at, None
+                )
             else:
                 kind, delay, failures = await self._decide(
                     w, env, row, outcome, cause, flight.claimed_at, None
@@ -600,22 +653,9 @@ class Node:
                 # The slots these ends free are taken again by as many claims in the
                 # same statement (while the node serves): one round trip, one commit.
                 how_many = len(batch) if self.serving else 0
+                retry: list[_Ending] = []
                 try:
-                    async with self._host._session() as conn:
-                        found = await conn.fetch(
-                            _FINISH_AND_CLAIM,
-                            [e.seq for e in batch],
-                            [e.token for e in batch],
-                            [e.outcome for e in batch],
-                            [e.decision for e in batch],
-                            [e.cause for e in batch],
-                            [e.delay for e in batch],
-                            [e.failures for e in batch],
-                            self.name,
-                            self.node,
-                            how_many,
-                            self.lease,
-                        )
+                    found = await self._end(batch, how_many)
                 except _lost(asyncpg) as err:
                     # Lost the database: try again while the leases may still hold.
                     now = time.monotonic()
@@ -627,6 +667,18 @@ class Node:
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 1.0)
                     continue
+                except asyncpg.PostgresError as err:
+                    # One bad end (a next run the database cannot hold) fails the
+                    # statement for all: end them one by one, so that it alone is hit.
+                    log.warning(
+                        "queue %r: ending %d attempts failed (%s); ending them one by one",
+                        self.name,
+                        len(batch),
+                        err,
+                    )
+                    found, retry = await self._end_each(batch)
+                    if how_many:
+                        self._wake.set()  # their slots are claimed again by the pump
                 pause = 0.05
                 states = {}
                 for r in found:
@@ -635,9 +687,82 @@ class Node:
                     else:
                         states[r["seq"]] = r["state"]
                 for e in batch:
-                    if not e.done.done():
+                    if not e.done.done() and e not in retry:
                         e.done.set_result(states.get(e.seq))
-                batch = []
+                batch = retry
+                if batch:
+                    await asyncio.sleep(pause)
+
+    async def _end(self, batch: list[_Ending], how_many: int) -> list[Row]:
+        """End the attempts of ``batch`` and claim up to ``how_many`` more, in one
+        statement: the ended rows and the claimed ones."""
+        async with self._host._session() as conn:
+            return list(
+                await conn.fetch(
+                    _FINISH_AND_CLAIM,
+                    [e.seq for e in batch],
+                    [e.token for e in batch],
+                    [e.outcome for e in batch],
+                    [e.decision for e in batch],
+                    [e.cause for e in batch],
+                    [e.delay for e in batch],
+                    [e.failures for e in batch],
+                    self.name,
+                    self.node,
+                    how_many,
+                    self.lease,
+                )
+            )
+
+    async def _end_each(self, batch: list[_Ending]) -> tuple[list[Row], list[_Ending]]:
+        """End each attempt of ``batch`` in a statement of its own; one the database
+        still refuses ends as a dropped failure would (the tables' move for a failed
+        attempt dropped by its decision), logged at ERROR. ``(ended rows, ends to try
+        again)``: the ends the database was lost for are tried again."""
+        import asyncpg  # noqa: PLC0415
+
+        found: list[Row] = []
+        again: list[_Ending] = []
+        for e in batch:
+            try:
+                found += await self._end([e], 0)
+                continue
+            except _lost(asyncpg):
+                again.append(e)
+                continue
+            except asyncpg.PostgresError as error:
+                log.error(
+                    "queue %r: could not end the attempt of envelope %s (%s); it ends as "
+                    "a dropped failure",
+                    self.name,
+                    e.seq,
+                    error,
+                )
+            dropped = _Ending(
+                e.seq,
+                e.token,
+                event_label(Outcome.ERROR),
+                DecisionKind.DROP.value,
+                None,
+                0.0,
+                None,
+                e.give_up,
+                e.done,
+            )
+            try:
+                found += await self._end([dropped], 0)
+            except _lost(asyncpg):
+                again.append(e)
+            except asyncpg.PostgresError as error:
+                log.error(
+                    "queue %r: could not end the attempt of envelope %s as a dropped "
+                    "failure either (%s); its lease expires and a reaper ends it",
+                    self.name,
+                    e.seq,
+                    error,
+                )
+                e.done.set_result(_GAVE_UP)
+        return found, again
 
     async def _decide(
         self,
@@ -664,7 +789,7 @@ class Node:
                 return None, 0.0, None
             case Action.RESCHEDULE:
                 await runner.on_success(w, env)
-                return None, self._next_run(env, row, started, started_db), 0
+                return None, self._next_run(env.schedule, env.interval, row, started, started_db), 0
             case Action.DECIDE:
                 if env.on_failure is not None:
                     decision = await runner.on_failure(w, env, cause, attempt)
@@ -686,7 +811,8 @@ class Node:
                 if env.on_failure is not None:
                     decision = await runner.on_failure(w, env, cause, failures)
                     return decision.kind, decision.delay, failures
-                return None, self._next_run(env, row, started, started_db), failures
+                wait = self._next_run(env.schedule, env.interval, row, started, started_db)
+                return None, wait, failures
             case Action.REPORT_FAILURE:
                 if env.on_failure is not None:
                     # A periodic envelope counts its failures in a row, as in one process.
@@ -701,9 +827,64 @@ class Node:
             case _:
                 assert_never(action)
 
+    def _without_code(
+        self,
+        row: Row,
+        outcome: Outcome,
+        error: Exception,
+        started: float,
+        started_db: float | None,
+    ) -> tuple[DecisionKind | None, float | None, int | None]:
+        """The end of an attempt of an envelope whose code this node cannot import (a
+        node of an older deploy): a failed attempt, decided from the row's data alone.
+        A one-off envelope is retried under its ``Retry`` policy (so that a node with
+        the code may run it), and fails once the policy allows no more attempts; a
+        periodic one runs again on its schedule. Its ``on_failure`` hook is not called
+        (this node cannot import it either). Logged at WARNING."""
+        kind = Kind(row["kind"])
+        attempt = int(row["attempt"])
+        what = (
+            f"queue {self.name!r}: envelope {row['seq']} cannot run on node {self.node!r} ({error})"
+        )
+        match OUTCOMES[(kind, outcome)].action:
+            case Action.DECIDE:
+                try:
+                    retry = None if row["retry"] is None else Retry(**json.loads(row["retry"]))
+                except (TypeError, ValueError):
+                    retry = None
+                if retry is not None and retry.allows(attempt):
+                    delay = retry.delay(attempt)
+                    log.warning(
+                        "%s: attempt %d failed; retried in %.3g s under its retry policy",
+                        what,
+                        attempt,
+                        delay,
+                    )
+                    return DecisionKind.RETRY_AFTER, delay, None
+                log.warning(
+                    "%s: attempt %d failed, and its retry policy allows no more", what, attempt
+                )
+                return DecisionKind.DROP, 0.0, None
+            case Action.DECIDE_PERIODIC:
+                log.warning("%s: this run failed; the next runs as scheduled", what)
+                timing: Timing = (
+                    Schedule(row["schedule"])
+                    if row["cron"] is None
+                    else calendar(row["cron"], row["cron_tz"])
+                )
+                failures = int(row["failures"]) + 1
+                return (
+                    None,
+                    self._next_run(timing, float(row["interval_s"]), row, started, started_db),
+                    failures,
+                )
+            case _:
+                log.warning("%s: its attempt ends as the tables say for %s", what, outcome.value)
+                return None, 0.0, None
+
     @staticmethod
     def _next_run(
-        env: Envelope, row: Row, started: float, started_db: float | None
+        timing: Timing, interval: float, row: Row, started: float, started_db: float | None
     ) -> float | None:
         """Seconds from now to a periodic envelope's next run; None for FIXED_DELAY and
         FIXED_RATE, whose next run the database computes from the row (the grid from
@@ -715,7 +896,7 @@ class Node:
         node's monotonic clock read ``started``, plus the time since, so this node's
         wall clock plays no part.
         """
-        schedule = env.schedule
+        schedule = timing
         if isinstance(schedule, Schedule):
             return None
         if started_db is None:
@@ -723,7 +904,7 @@ class Node:
         now = started_db + (time.monotonic() - started)
         due = row["due_at"]
         previous = now if due is None else due.timestamp()
-        fire = schedule.next_run(env.interval, previous, previous, now, 0.0)
+        fire = schedule.next_run(interval, previous, previous, now, 0.0)
         return fire_wait(fire, now)
 
     async def _blacklist(self, type_: str) -> None:
