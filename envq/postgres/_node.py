@@ -477,7 +477,7 @@ class Node:
                 await self._reap_one(conn, seq, token)
             except _lost(asyncpg):
                 raise
-            except asyncpg.PostgresError as error:
+            except Exception as error:
                 # One bad row (a next run the database cannot compute) must not keep
                 # the rows after it from being reaped, nor the keeper from its round.
                 log.error(
@@ -866,18 +866,20 @@ class Node:
                 )
                 return DecisionKind.DROP, 0.0, None
             case Action.DECIDE_PERIODIC:
-                log.warning("%s: this run failed; the next runs as scheduled", what)
-                timing: Timing = (
-                    Schedule(row["schedule"])
-                    if row["cron"] is None
-                    else calendar(row["cron"], row["cron_tz"])
-                )
                 failures = int(row["failures"]) + 1
-                return (
-                    None,
-                    self._next_run(timing, float(row["interval_s"]), row, started, started_db),
-                    failures,
-                )
+                try:
+                    timing: Timing = (
+                        Schedule(row["schedule"])
+                        if row["cron"] is None
+                        else calendar(row["cron"], row["cron_tz"])
+                    )
+                    interval = float(row["interval_s"])
+                    wait = self._next_run(timing, interval, row, started, started_db)
+                except Exception as bad:  # its calendar cannot be read here either
+                    log.warning("%s: this run failed, and no next run can be found (%s)", what, bad)
+                    return DecisionKind.DROP, 0.0, failures
+                log.warning("%s: this run failed; the next runs as scheduled", what)
+                return None, wait, failures
             case _:
                 log.warning("%s: its attempt ends as the tables say for %s", what, outcome.value)
                 return None, 0.0, None
