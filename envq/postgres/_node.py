@@ -22,6 +22,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, assert_never
 
@@ -94,6 +95,10 @@ SELECT e.*, clock_timestamp() AS reaped_at FROM envq.envelopes AS e
    AND lease_expires_at <= clock_timestamp()
    FOR UPDATE SKIP LOCKED
 """
+
+#: How the reaper tries to end an expired attempt: decided, else as a dropped failure
+#: (whether it is dropped, and what the log says when the try fails).
+_REAP_TRIES: Final = ((False, "it ends as a dropped failure"), (True, "the next round tries again"))
 
 #: A NULL delay: the next run of the row's FIXED_DELAY / FIXED_RATE schedule.
 _EXPIRE: Final = """
@@ -194,6 +199,139 @@ def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException],
 
 def _node_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def without_code(
+    queue: str,
+    node: str,
+    row: Row,
+    outcome: Outcome,
+    error: Exception,
+    started: float,
+    started_db: float | None,
+) -> tuple[DecisionKind | None, float | None, int | None]:
+    """The end of an attempt of an envelope whose code this node cannot import (a
+    node of an older deploy): a failed attempt, decided from the row's data alone.
+    A one-off envelope is retried under its ``Retry`` policy (so that a node with
+    the code may run it), and fails once the policy allows no more attempts; a
+    periodic one runs again on its schedule. Its ``on_failure`` hook is not called
+    (this node cannot import it either). Logged at WARNING."""
+    kind = Kind(row["kind"])
+    attempt = int(row["attempt"])
+    what = f"queue {queue!r}: envelope {row['seq']} cannot run on node {node!r} ({error})"
+    match OUTCOMES[(kind, outcome)].action:
+        case Action.DECIDE:
+            try:
+                retry = None if row["retry"] is None else Retry(**json.loads(row["retry"]))
+            except (TypeError, ValueError):
+                retry = None
+            if retry is not None and retry.allows(attempt):
+                delay = retry.delay(attempt)
+                log.warning(
+                    "%s: attempt %d failed; retried in %.3g s under its retry policy",
+                    what,
+                    attempt,
+                    delay,
+                )
+                return DecisionKind.RETRY_AFTER, delay, None
+            log.warning("%s: attempt %d failed, and its retry policy allows no more", what, attempt)
+            return DecisionKind.DROP, 0.0, None
+        case Action.DECIDE_PERIODIC:
+            failures = int(row["failures"]) + 1
+            try:
+                timing: Timing = (
+                    Schedule(row["schedule"])
+                    if row["cron"] is None
+                    else calendar(row["cron"], row["cron_tz"])
+                )
+                interval = float(row["interval_s"])
+                wait = next_run(timing, interval, row, started, started_db)
+            except Exception as bad:  # its calendar cannot be read here either
+                log.warning("%s: this run failed, and no next run can be found (%s)", what, bad)
+                return DecisionKind.DROP, 0.0, failures
+            log.warning("%s: this run failed; the next runs as scheduled", what)
+            return None, wait, failures
+        case _:
+            log.warning("%s: its attempt ends as the tables say for %s", what, outcome.value)
+            return None, 0.0, None
+
+
+def next_run(
+    timing: Timing, interval: float, row: Row, started: float, started_db: float | None
+) -> float | None:
+    """Seconds from now to a periodic envelope's next run; None for FIXED_DELAY and
+    FIXED_RATE, whose next run the database computes from the row (the grid from
+    its scheduled start, whatever node ran it and however late it was claimed).
+
+    A calendar's next run is its first fire after the attempt ended and after the
+    fire this run was due at, so no fire runs twice. "Now" is the database's clock:
+    its time ``started_db`` (None: the claim's, the row's ``updated_at``) when this
+    node's monotonic clock read ``started``, plus the time since, so this node's
+    wall clock plays no part.
+    """
+    schedule = timing
+    if isinstance(schedule, Schedule):
+        return None
+    if started_db is None:
+        started_db = row["updated_at"].timestamp()
+    now = started_db + (time.monotonic() - started)
+    due = row["due_at"]
+    previous = now if due is None else due.timestamp()
+    fire = schedule.next_run(interval, previous, previous, now, 0.0)
+    return fire_wait(fire, now)
+
+
+async def end_each(
+    queue: str, end: Callable[[list[_Ending], int], Awaitable[list[Row]]], batch: list[_Ending]
+) -> tuple[list[Row], list[_Ending]]:
+    """End each attempt of ``batch`` in a statement of its own; one the database
+    still refuses ends as a dropped failure would (the tables' move for a failed
+    attempt dropped by its decision), logged at ERROR. ``(ended rows, ends to try
+    again)``: the ends the database was lost for are tried again."""
+    import asyncpg  # noqa: PLC0415
+
+    found: list[Row] = []
+    again: list[_Ending] = []
+    for e in batch:
+        try:
+            found += await end([e], 0)
+            continue
+        except _lost(asyncpg):
+            again.append(e)
+            continue
+        except asyncpg.PostgresError as error:
+            log.error(
+                "queue %r: could not end the attempt of envelope %s (%s); it ends as "
+                "a dropped failure",
+                queue,
+                e.seq,
+                error,
+            )
+        dropped = _Ending(
+            e.seq,
+            e.token,
+            event_label(Outcome.ERROR),
+            DecisionKind.DROP.value,
+            None,
+            0.0,
+            None,
+            e.give_up,
+            e.done,
+        )
+        try:
+            found += await end([dropped], 0)
+        except _lost(asyncpg):
+            again.append(e)
+        except asyncpg.PostgresError as error:
+            log.error(
+                "queue %r: could not end the attempt of envelope %s as a dropped "
+                "failure either (%s); its lease expires and a reaper ends it",
+                queue,
+                e.seq,
+                error,
+            )
+            e.done.set_result(_GAVE_UP)
+    return found, again
 
 
 class _Flight:
@@ -472,31 +610,22 @@ class Node:
             self.name,
         )
         for row in rows:
-            seq, token = row["seq"], row["lease_token"]
-            try:
-                await self._reap_one(conn, seq, token)
-            except _lost(asyncpg):
-                raise
-            except Exception as error:
-                # One bad row (a next run the database cannot compute) must not keep
-                # the rows after it from being reaped, nor the keeper from its round.
-                log.error(
-                    "queue %r: could not reap envelope %s (%s); it ends as a dropped failure",
-                    self.name,
-                    seq,
-                    error,
-                )
+            # One bad row (a next run the database cannot compute) must not keep the
+            # rows after it from being reaped, nor the keeper from its round: it ends
+            # as a dropped failure, else the next round tries again.
+            for dropped, then in _REAP_TRIES:
                 try:
-                    await self._reap_one(conn, seq, token, dropped=True)
+                    await self._reap_one(conn, row["seq"], row["lease_token"], dropped=dropped)
+                    break
                 except _lost(asyncpg):
                     raise
-                except asyncpg.PostgresError as again:
+                except Exception as error:
                     log.error(
-                        "queue %r: could not end envelope %s as a dropped failure either "
-                        "(%s); it stays RUNNING, and the next round tries again",
+                        "queue %r: could not reap envelope %s (%s); %s",
                         self.name,
-                        seq,
-                        again,
+                        row["seq"],
+                        error,
+                        then,
                     )
 
     async def _reap_one(
@@ -521,8 +650,14 @@ class Node:
             try:
                 env = decode(row)
             except Exception as error:  # its code is missing on this node
-                kind_, delay, failures = self._without_code(
-                    row, Outcome.EXPIRED, error, started, row["reaped_at"].timestamp()
+                kind_, delay, failures = without_code(
+                    self.name,
+                    self.node,
+                    row,
+                    Outcome.EXPIRED,
+                    error,
+                    started,
+                    row["reaped_at"].timestamp(),
                 )
                 decision = None if kind_ is None else kind_.value
             else:
@@ -577,8 +712,8 @@ class Node:
             delay: float | None
             if env is None:
                 assert missing is not None
-                kind, delay, failures = self._without_code(
-                    row, outcome, missing, flight.claimed_at, None
+                kind, delay, failures = without_code(
+                    self.name, self.node, row, outcome, missing, flight.claimed_at, None
                 )
             else:
                 kind, delay, failures = await self._decide(
@@ -676,7 +811,7 @@ class Node:
                         len(batch),
                         err,
                     )
-                    found, retry = await self._end_each(batch)
+                    found, retry = await end_each(self.name, self._end, batch)
                     if how_many:
                         self._wake.set()  # their slots are claimed again by the pump
                 pause = 0.05
@@ -714,56 +849,6 @@ class Node:
                 )
             )
 
-    async def _end_each(self, batch: list[_Ending]) -> tuple[list[Row], list[_Ending]]:
-        """End each attempt of ``batch`` in a statement of its own; one the database
-        still refuses ends as a dropped failure would (the tables' move for a failed
-        attempt dropped by its decision), logged at ERROR. ``(ended rows, ends to try
-        again)``: the ends the database was lost for are tried again."""
-        import asyncpg  # noqa: PLC0415
-
-        found: list[Row] = []
-        again: list[_Ending] = []
-        for e in batch:
-            try:
-                found += await self._end([e], 0)
-                continue
-            except _lost(asyncpg):
-                again.append(e)
-                continue
-            except asyncpg.PostgresError as error:
-                log.error(
-                    "queue %r: could not end the attempt of envelope %s (%s); it ends as "
-                    "a dropped failure",
-                    self.name,
-                    e.seq,
-                    error,
-                )
-            dropped = _Ending(
-                e.seq,
-                e.token,
-                event_label(Outcome.ERROR),
-                DecisionKind.DROP.value,
-                None,
-                0.0,
-                None,
-                e.give_up,
-                e.done,
-            )
-            try:
-                found += await self._end([dropped], 0)
-            except _lost(asyncpg):
-                again.append(e)
-            except asyncpg.PostgresError as error:
-                log.error(
-                    "queue %r: could not end the attempt of envelope %s as a dropped "
-                    "failure either (%s); its lease expires and a reaper ends it",
-                    self.name,
-                    e.seq,
-                    error,
-                )
-                e.done.set_result(_GAVE_UP)
-        return found, again
-
     async def _decide(
         self,
         w: Worker,
@@ -789,7 +874,7 @@ class Node:
                 return None, 0.0, None
             case Action.RESCHEDULE:
                 await runner.on_success(w, env)
-                return None, self._next_run(env.schedule, env.interval, row, started, started_db), 0
+                return None, next_run(env.schedule, env.interval, row, started, started_db), 0
             case Action.DECIDE:
                 if env.on_failure is not None:
                     decision = await runner.on_failure(w, env, cause, attempt)
@@ -811,7 +896,7 @@ class Node:
                 if env.on_failure is not None:
                     decision = await runner.on_failure(w, env, cause, failures)
                     return decision.kind, decision.delay, failures
-                wait = self._next_run(env.schedule, env.interval, row, started, started_db)
+                wait = next_run(env.schedule, env.interval, row, started, started_db)
                 return None, wait, failures
             case Action.REPORT_FAILURE:
                 if env.on_failure is not None:
@@ -826,88 +911,6 @@ class Node:
                 return None, 0.0, None
             case _:
                 assert_never(action)
-
-    def _without_code(
-        self,
-        row: Row,
-        outcome: Outcome,
-        error: Exception,
-        started: float,
-        started_db: float | None,
-    ) -> tuple[DecisionKind | None, float | None, int | None]:
-        """The end of an attempt of an envelope whose code this node cannot import (a
-        node of an older deploy): a failed attempt, decided from the row's data alone.
-        A one-off envelope is retried under its ``Retry`` policy (so that a node with
-        the code may run it), and fails once the policy allows no more attempts; a
-        periodic one runs again on its schedule. Its ``on_failure`` hook is not called
-        (this node cannot import it either). Logged at WARNING."""
-        kind = Kind(row["kind"])
-        attempt = int(row["attempt"])
-        what = (
-            f"queue {self.name!r}: envelope {row['seq']} cannot run on node {self.node!r} ({error})"
-        )
-        match OUTCOMES[(kind, outcome)].action:
-            case Action.DECIDE:
-                try:
-                    retry = None if row["retry"] is None else Retry(**json.loads(row["retry"]))
-                except (TypeError, ValueError):
-                    retry = None
-                if retry is not None and retry.allows(attempt):
-                    delay = retry.delay(attempt)
-                    log.warning(
-                        "%s: attempt %d failed; retried in %.3g s under its retry policy",
-                        what,
-                        attempt,
-                        delay,
-                    )
-                    return DecisionKind.RETRY_AFTER, delay, None
-                log.warning(
-                    "%s: attempt %d failed, and its retry policy allows no more", what, attempt
-                )
-                return DecisionKind.DROP, 0.0, None
-            case Action.DECIDE_PERIODIC:
-                failures = int(row["failures"]) + 1
-                try:
-                    timing: Timing = (
-                        Schedule(row["schedule"])
-                        if row["cron"] is None
-                        else calendar(row["cron"], row["cron_tz"])
-                    )
-                    interval = float(row["interval_s"])
-                    wait = self._next_run(timing, interval, row, started, started_db)
-                except Exception as bad:  # its calendar cannot be read here either
-                    log.warning("%s: this run failed, and no next run can be found (%s)", what, bad)
-                    return DecisionKind.DROP, 0.0, failures
-                log.warning("%s: this run failed; the next runs as scheduled", what)
-                return None, wait, failures
-            case _:
-                log.warning("%s: its attempt ends as the tables say for %s", what, outcome.value)
-                return None, 0.0, None
-
-    @staticmethod
-    def _next_run(
-        timing: Timing, interval: float, row: Row, started: float, started_db: float | None
-    ) -> float | None:
-        """Seconds from now to a periodic envelope's next run; None for FIXED_DELAY and
-        FIXED_RATE, whose next run the database computes from the row (the grid from
-        its scheduled start, whatever node ran it and however late it was claimed).
-
-        A calendar's next run is its first fire after the attempt ended and after the
-        fire this run was due at, so no fire runs twice. "Now" is the database's clock:
-        its time ``started_db`` (None: the claim's, the row's ``updated_at``) when this
-        node's monotonic clock read ``started``, plus the time since, so this node's
-        wall clock plays no part.
-        """
-        schedule = timing
-        if isinstance(schedule, Schedule):
-            return None
-        if started_db is None:
-            started_db = row["updated_at"].timestamp()
-        now = started_db + (time.monotonic() - started)
-        due = row["due_at"]
-        previous = now if due is None else due.timestamp()
-        fire = schedule.next_run(interval, previous, previous, now, 0.0)
-        return fire_wait(fire, now)
 
     async def _blacklist(self, type_: str) -> None:
         """Blacklist a type in the shared queue: its live envelopes are stopped, and the

@@ -468,45 +468,7 @@ class PgQueue:
         # The subscriptions end with the queue: their listeners hear of every move up
         # to the hand-back first, while the handed-back rows are still there.
         await self._events.close()
-        return await self._hand_back(db)
-
-    async def _hand_back(self, db: asyncpg.Pool) -> list[Envelope]:
-        """Delete and return the envelopes handed back, each decoded first: a row whose
-        code this process cannot import stays RETURNED in the database (logged), for a
-        later ``terminate()`` in a process that can import it to hand back."""
-        handed: list[Envelope] = []
-        kept: list[int] = []
-        async with db.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'returned'"
-                " ORDER BY seq FOR UPDATE",
-                self.name,
-            )
-            seqs: list[int] = []
-            for row in rows:
-                try:
-                    handed.append(decode(row))
-                except Exception as error:  # its code is missing in this process
-                    kept.append(row["seq"])
-                    log.error(
-                        "queue %r: terminate() cannot hand back envelope %s (%s); it stays "
-                        "in the database, RETURNED",
-                        self.name,
-                        row["seq"],
-                        error,
-                    )
-                else:
-                    seqs.append(row["seq"])
-            await conn.execute("DELETE FROM envq.envelopes WHERE seq = ANY($1::bigint[])", seqs)
-        if kept:
-            log.error(
-                "queue %r: %d envelope(s) not handed back (seq %s): call terminate() again "
-                "in a process that can import their code",
-                self.name,
-                len(kept),
-                ", ".join(map(str, kept)),
-            )
-        return handed
+        return await _hand_back(self.name, db)
 
     # -- events ------------------------------------------------------------------------
 
@@ -739,3 +701,42 @@ class PgQueue:
             self.name,
         )
         return {r[0]: r[1] for r in rows}
+
+
+async def _hand_back(name: str, db: asyncpg.Pool) -> list[Envelope]:
+    """Delete and return the envelopes handed back, each decoded first: a row whose
+    code this process cannot import stays RETURNED in the database (logged), for a
+    later ``terminate()`` in a process that can import it to hand back."""
+    handed: list[Envelope] = []
+    kept: list[int] = []
+    async with db.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'returned'"
+            " ORDER BY seq FOR UPDATE",
+            name,
+        )
+        seqs: list[int] = []
+        for row in rows:
+            try:
+                handed.append(decode(row))
+            except Exception as error:  # its code is missing in this process
+                kept.append(row["seq"])
+                log.error(
+                    "queue %r: terminate() cannot hand back envelope %s (%s); it stays "
+                    "in the database, RETURNED",
+                    name,
+                    row["seq"],
+                    error,
+                )
+            else:
+                seqs.append(row["seq"])
+        await conn.execute("DELETE FROM envq.envelopes WHERE seq = ANY($1::bigint[])", seqs)
+    if kept:
+        log.error(
+            "queue %r: %d envelope(s) not handed back (seq %s): call terminate() again "
+            "in a process that can import their code",
+            name,
+            len(kept),
+            ", ".join(map(str, kept)),
+        )
+    return handed
