@@ -28,6 +28,7 @@ from envq._schedule import Cron
 from envq._values import Retry, Schedule
 
 __all__ = [
+    "MAX_SECONDS",
     "Encoded",
     "calendar",
     "callable_name",
@@ -208,6 +209,23 @@ def _calendar(schedule: object, label: str) -> tuple[str, str]:
     return schedule.expr, _zone_name(schedule, label)
 
 
+#: The longest time, in seconds, a PostgreSQL queue stores for an envelope: its
+#: ``interval``, ``deadline``, first ``delay`` (or the wait to ``not_before``) and its
+#: retry policy's ``base`` and ``cap`` (1000 years). The database computes each next
+#: run as its clock plus such a time, and its ``timestamptz`` ends in the year 294276:
+#: a longer time would make the end of an attempt fail, so a send refuses it.
+MAX_SECONDS: Final = 1000 * 365.25 * 86400.0
+
+
+def _storable(field: str, value: float, label: str) -> None:
+    """Refuse a time the database cannot compute a next run from."""
+    if value > MAX_SECONDS:
+        raise BadEnvelope(
+            f"{label}: {field}={value!r} is longer than a PostgreSQL queue can time "
+            f"(at most {MAX_SECONDS:g} s, 1000 years)"
+        )
+
+
 def encode(env: object, label: str) -> Encoded:
     """The row of ``env``, or the error naming what cannot cross processes.
 
@@ -215,6 +233,9 @@ def encode(env: object, label: str) -> Encoded:
         ``payload`` not JSON; stamps (they are the queue's, not the row's); a schedule
         other than FIXED_DELAY, FIXED_RATE or an :class:`envq.Cron` whose time zone has
         an IANA name.
+    :raises BadEnvelope: a time longer than :data:`MAX_SECONDS` (``interval``,
+        ``deadline``, ``delay``, the wait to ``not_before``, the retry policy's ``base``
+        or ``cap``): the database could not compute the next run from it.
     """
     if not isinstance(env, Envelope):
         raise BadEnvelopeType(f"{label}: {env!r} is not an envq.Envelope")
@@ -233,9 +254,20 @@ def encode(env: object, label: str) -> Encoded:
     retry = env.retry
     if retry is not None and not math.isfinite(retry.cap):
         raise BadEnvelope(f"{label}: retry={retry!r}: cap must be finite to cross processes")
+    _storable("interval", env.interval, label)
+    _storable("deadline", env.deadline, label)
+    _storable("delay", env.delay, label)
+    if retry is not None:
+        _storable("retry.base", retry.base, label)
+        _storable("retry.cap", retry.cap, label)
     delay = env.delay
     if env.not_before is not None:
         wait = (env.not_before - dt.datetime.now(dt.UTC)).total_seconds()
+        if wait > MAX_SECONDS:
+            raise BadEnvelope(
+                f"{label}: not_before={env.not_before!r} is further away than a PostgreSQL "
+                f"queue can time (at most {MAX_SECONDS:g} s, 1000 years)"
+            )
         delay = max(delay, wait)
     return Encoded(
         id=None if env.id is None else _json(env.id, "id", label),

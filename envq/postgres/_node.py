@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, assert_never
 
@@ -39,8 +41,9 @@ from envq._machine import (
     Outcome,
     QueueState,
 )
+from envq._schedule import Timing
 from envq._timers import Deadlines
-from envq._values import HookTimeout, Schedule
+from envq._values import HookTimeout, Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
 from envq.postgres.schema import event_label
 
@@ -92,6 +95,10 @@ SELECT e.*, clock_timestamp() AS reaped_at FROM envq.envelopes AS e
    AND lease_expires_at <= clock_timestamp()
    FOR UPDATE SKIP LOCKED
 """
+
+#: How the reaper tries to end an expired attempt: decided, else as a dropped failure
+#: (whether it is dropped, and what the log says when the try fails).
+_REAP_TRIES: Final = ((False, "it ends as a dropped failure"), (True, "the next round tries again"))
 
 #: A NULL delay: the next run of the row's FIXED_DELAY / FIXED_RATE schedule.
 _EXPIRE: Final = """
@@ -197,6 +204,139 @@ def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException],
 
 def _node_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def without_code(
+    queue: str,
+    node: str,
+    row: Row,
+    outcome: Outcome,
+    error: Exception,
+    started: float,
+    started_db: float | None,
+) -> tuple[DecisionKind | None, float | None, int | None]:
+    """The end of an attempt of an envelope whose code this node cannot import (a
+    node of an older deploy): a failed attempt, decided from the row's data alone.
+    A one-off envelope is retried under its ``Retry`` policy (so that a node with
+    the code may run it), and fails once the policy allows no more attempts; a
+    periodic one runs again on its schedule. Its ``on_failure`` hook is not called
+    (this node cannot import it either). Logged at WARNING."""
+    kind = Kind(row["kind"])
+    attempt = int(row["attempt"])
+    what = f"queue {queue!r}: envelope {row['seq']} cannot run on node {node!r} ({error})"
+    match OUTCOMES[(kind, outcome)].action:
+        case Action.DECIDE:
+            try:
+                retry = None if row["retry"] is None else Retry(**json.loads(row["retry"]))
+            except (TypeError, ValueError):
+                retry = None
+            if retry is not None and retry.allows(attempt):
+                delay = retry.delay(attempt)
+                log.warning(
+                    "%s: attempt %d failed; retried in %.3g s under its retry policy",
+                    what,
+                    attempt,
+                    delay,
+                )
+                return DecisionKind.RETRY_AFTER, delay, None
+            log.warning("%s: attempt %d failed, and its retry policy allows no more", what, attempt)
+            return DecisionKind.DROP, 0.0, None
+        case Action.DECIDE_PERIODIC:
+            failures = int(row["failures"]) + 1
+            try:
+                timing: Timing = (
+                    Schedule(row["schedule"])
+                    if row["cron"] is None
+                    else calendar(row["cron"], row["cron_tz"])
+                )
+                interval = float(row["interval_s"])
+                wait = next_run(timing, interval, row, started, started_db)
+            except Exception as bad:  # its calendar cannot be read here either
+                log.warning("%s: this run failed, and no next run can be found (%s)", what, bad)
+                return DecisionKind.DROP, 0.0, failures
+            log.warning("%s: this run failed; the next runs as scheduled", what)
+            return None, wait, failures
+        case _:
+            log.warning("%s: its attempt ends as the tables say for %s", what, outcome.value)
+            return None, 0.0, None
+
+
+def next_run(
+    timing: Timing, interval: float, row: Row, started: float, started_db: float | None
+) -> float | None:
+    """Seconds from now to a periodic envelope's next run; None for FIXED_DELAY and
+    FIXED_RATE, whose next run the database computes from the row (the grid from
+    its scheduled start, whatever node ran it and however late it was claimed).
+
+    A calendar's next run is its first fire after the attempt ended and after the
+    fire this run was due at, so no fire runs twice. "Now" is the database's clock:
+    its time ``started_db`` (None: the claim's, the row's ``updated_at``) when this
+    node's monotonic clock read ``started``, plus the time since, so this node's
+    wall clock plays no part.
+    """
+    schedule = timing
+    if isinstance(schedule, Schedule):
+        return None
+    if started_db is None:
+        started_db = row["updated_at"].timestamp()
+    now = started_db + (time.monotonic() - started)
+    due = row["due_at"]
+    previous = now if due is None else due.timestamp()
+    fire = schedule.next_run(interval, previous, previous, now, 0.0)
+    return fire_wait(fire, now)
+
+
+async def end_each(
+    queue: str, end: Callable[[list[_Ending], int], Awaitable[list[Row]]], batch: list[_Ending]
+) -> tuple[list[Row], list[_Ending]]:
+    """End each attempt of ``batch`` in a statement of its own; one the database
+    still refuses ends as a dropped failure would (the tables' move for a failed
+    attempt dropped by its decision), logged at ERROR. ``(ended rows, ends to try
+    again)``: the ends the database was lost for are tried again."""
+    import asyncpg  # noqa: PLC0415
+
+    found: list[Row] = []
+    again: list[_Ending] = []
+    for e in batch:
+        try:
+            found += await end([e], 0)
+            continue
+        except _lost(asyncpg):
+            again.append(e)
+            continue
+        except asyncpg.PostgresError as error:
+            log.error(
+                "queue %r: could not end the attempt of envelope %s (%s); it ends as "
+                "a dropped failure",
+                queue,
+                e.seq,
+                error,
+            )
+        dropped = _Ending(
+            e.seq,
+            e.token,
+            event_label(Outcome.ERROR),
+            DecisionKind.DROP.value,
+            None,
+            0.0,
+            None,
+            e.give_up,
+            e.done,
+        )
+        try:
+            found += await end([dropped], 0)
+        except _lost(asyncpg):
+            again.append(e)
+        except asyncpg.PostgresError as error:
+            log.error(
+                "queue %r: could not end the attempt of envelope %s as a dropped "
+                "failure either (%s); its lease expires and a reaper ends it",
+                queue,
+                e.seq,
+                error,
+            )
+            e.done.set_result(_GAVE_UP)
+    return found, again
 
 
 class _Flight:
@@ -408,7 +548,12 @@ class Node:
                     moved = await conn.fetchval("SELECT envq.due($1)", self.name)
                     if moved:
                         self._wake.set()
-                    await self._reap(conn)
+                    try:
+                        await self._reap(conn)
+                    except _lost(asyncpg):
+                        raise
+                    except Exception:  # reaping must not keep the node from following
+                        log.exception("queue %r: reaping failed", self.name)
                     await self._follow(conn)
             except asyncio.CancelledError:
                 raise
@@ -464,6 +609,8 @@ class Node:
             await self._host._try_drained()
 
     async def _reap(self, conn: _Conn) -> None:
+        import asyncpg  # noqa: PLC0415
+
         rows = await conn.fetch(
             "SELECT seq, lease_token FROM envq.envelopes WHERE queue = $1"
             " AND state = 'running' AND lease_expires_at <= clock_timestamp()"
@@ -471,22 +618,56 @@ class Node:
             self.name,
         )
         for row in rows:
-            await self._reap_one(conn, row["seq"], row["lease_token"])
+            # One bad row (a next run the database cannot compute) must not keep the
+            # rows after it from being reaped, nor the keeper from its round: it ends
+            # as a dropped failure, else the next round tries again.
+            for dropped, then in _REAP_TRIES:
+                try:
+                    await self._reap_one(conn, row["seq"], row["lease_token"], dropped=dropped)
+                    break
+                except _lost(asyncpg):
+                    raise
+                except Exception as error:
+                    log.error(
+                        "queue %r: could not reap envelope %s (%s); %s",
+                        self.name,
+                        row["seq"],
+                        error,
+                        then,
+                    )
 
-    async def _reap_one(self, conn: _Conn, seq: int, token: object) -> None:
+    async def _reap_one(
+        self, conn: _Conn, seq: int, token: object, *, dropped: bool = False
+    ) -> None:
         """End one expired attempt: decided (``on_failure`` called) by the one reaper
-        that holds its row, so that two nodes reaping at once do not both decide."""
+        that holds its row, so that two nodes reaping at once do not both decide.
+        ``dropped``: end it as a dropped failure, without deciding (its decided end
+        could not be written)."""
         async with conn.transaction():
             row = await conn.fetchrow(_REAPABLE, seq, token)
             if row is None:  # another reaper holds it, or it ended meanwhile
                 return
             started = time.monotonic()
             delay: float | None
+            decision: str | None
+            if dropped:
+                decision, delay, failures = DecisionKind.DROP.value, 0.0, None
+                ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
+                self._reaped(seq, row, ended)
+                return
             try:
                 env = decode(row)
-            except Exception:  # its code is missing here: it fails
-                decision: str | None = DecisionKind.DROP.value
-                delay, failures = 0.0, None
+            except Exception as error:  # its code is missing on this node
+                kind_, delay, failures = without_code(
+                    self.name,
+                    self.node,
+                    row,
+                    Outcome.EXPIRED,
+                    error,
+                    started,
+                    row["reaped_at"].timestamp(),
+                )
+                decision = None if kind_ is None else kind_.value
             else:
                 w = Worker(self._epoch)
                 w.task = asyncio.current_task()
@@ -499,6 +680,9 @@ class Node:
                 )
                 decision = None if kind is None else kind.value
             ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
+        self._reaped(seq, row, ended)
+
+    def _reaped(self, seq: int, row: Row, ended: str | None) -> None:
         if ended is not None:
             self.counts_local["reaped"] += 1
             log.info(
@@ -519,10 +703,11 @@ class Node:
         outcome: Outcome
         cause: BaseException | None
         env: Envelope | None
+        missing: Exception | None = None
         try:
             env = decode(row)
         except Exception as error:  # its code is missing on this node
-            env = None
+            env, missing = None, error
             outcome, cause = Outcome.ERROR, error
         else:
             w.env = env
@@ -534,7 +719,10 @@ class Node:
             kind: DecisionKind | None
             delay: float | None
             if env is None:
-                kind, delay, failures = DecisionKind.DROP, 0.0, None
+                assert missing is not None
+                kind, delay, failures = without_code(
+                    self.name, self.node, row, outcome, missing, flight.claimed_at, None
+                )
             else:
                 kind, delay, failures = await self._decide(
                     w, env, row, outcome, cause, flight.claimed_at, None
@@ -611,22 +799,9 @@ class Node:
                 # The slots these ends free are taken again by as many claims in the
                 # same statement (while the node serves): one round trip, one commit.
                 how_many = len(batch) if self.serving else 0
+                retry: list[_Ending] = []
                 try:
-                    async with self._host._session() as conn:
-                        found = await conn.fetch(
-                            _FINISH_AND_CLAIM,
-                            [e.seq for e in batch],
-                            [e.token for e in batch],
-                            [e.outcome for e in batch],
-                            [e.decision for e in batch],
-                            [e.cause for e in batch],
-                            [e.delay for e in batch],
-                            [e.failures for e in batch],
-                            self.name,
-                            self.node,
-                            how_many,
-                            self.lease,
-                        )
+                    found = await self._end(batch, how_many)
                 except _lost(asyncpg) as err:
                     # Lost the database: try again while the leases may still hold.
                     now = time.monotonic()
@@ -638,6 +813,18 @@ class Node:
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 1.0)
                     continue
+                except asyncpg.PostgresError as err:
+                    # One bad end (a next run the database cannot hold) fails the
+                    # statement for all: end them one by one, so that it alone is hit.
+                    log.warning(
+                        "queue %r: ending %d attempts failed (%s); ending them one by one",
+                        self.name,
+                        len(batch),
+                        err,
+                    )
+                    found, retry = await end_each(self.name, self._end, batch)
+                    if how_many:
+                        self._wake.set()  # their slots are claimed again by the pump
                 pause = 0.05
                 states = {}
                 for r in found:
@@ -646,9 +833,32 @@ class Node:
                     else:
                         states[r["seq"]] = r["state"]
                 for e in batch:
-                    if not e.done.done():
+                    if not e.done.done() and e not in retry:
                         e.done.set_result(states.get(e.seq))
-                batch = []
+                batch = retry
+                if batch:
+                    await asyncio.sleep(pause)
+
+    async def _end(self, batch: list[_Ending], how_many: int) -> list[Row]:
+        """End the attempts of ``batch`` and claim up to ``how_many`` more, in one
+        statement: the ended rows and the claimed ones."""
+        async with self._host._session() as conn:
+            return list(
+                await conn.fetch(
+                    _FINISH_AND_CLAIM,
+                    [e.seq for e in batch],
+                    [e.token for e in batch],
+                    [e.outcome for e in batch],
+                    [e.decision for e in batch],
+                    [e.cause for e in batch],
+                    [e.delay for e in batch],
+                    [e.failures for e in batch],
+                    self.name,
+                    self.node,
+                    how_many,
+                    self.lease,
+                )
+            )
 
     async def _decide(
         self,
@@ -687,7 +897,7 @@ class Node:
                 return None, 0.0, None
             case Action.RESCHEDULE:
                 await runner.on_success(w, env)
-                return None, self._next_run(env, row, started, started_db), 0
+                return None, next_run(env.schedule, env.interval, row, started, started_db), 0
             case Action.DECIDE:
                 if env.on_failure is not None:
                     decision = await runner.on_failure(w, env, cause, attempt)
@@ -709,7 +919,8 @@ class Node:
                 if env.on_failure is not None:
                     decision = await runner.on_failure(w, env, cause, failures)
                     return decision.kind, decision.delay, failures
-                return None, self._next_run(env, row, started, started_db), failures
+                wait = next_run(env.schedule, env.interval, row, started, started_db)
+                return None, wait, failures
             case Action.REPORT_FAILURE:
                 if env.on_failure is not None:
                     # A periodic envelope counts its failures in a row, as in one process.
@@ -723,31 +934,6 @@ class Node:
                 return None, 0.0, None
             case _:
                 assert_never(action)
-
-    @staticmethod
-    def _next_run(
-        env: Envelope, row: Row, started: float, started_db: float | None
-    ) -> float | None:
-        """Seconds from now to a periodic envelope's next run; None for FIXED_DELAY and
-        FIXED_RATE, whose next run the database computes from the row (the grid from
-        its scheduled start, whatever node ran it and however late it was claimed).
-
-        A calendar's next run is its first fire after the attempt ended and after the
-        fire this run was due at, so no fire runs twice. "Now" is the database's clock:
-        its time ``started_db`` (None: the claim's, the row's ``updated_at``) when this
-        node's monotonic clock read ``started``, plus the time since, so this node's
-        wall clock plays no part.
-        """
-        schedule = env.schedule
-        if isinstance(schedule, Schedule):
-            return None
-        if started_db is None:
-            started_db = row["updated_at"].timestamp()
-        now = started_db + (time.monotonic() - started)
-        due = row["due_at"]
-        previous = now if due is None else due.timestamp()
-        fire = schedule.next_run(env.interval, previous, previous, now, 0.0)
-        return fire_wait(fire, now)
 
     async def _blacklist(self, type_: str) -> None:
         """Blacklist a type in the shared queue: its live envelopes are stopped, and the

@@ -468,7 +468,12 @@ class PgQueue:
     ) -> list[Envelope]:
         """Terminate the shared queue: every node cancels its attempts in flight, and
         every envelope not ended is handed back — re-created from its row, once, to the
-        caller. Waits for the attempts in flight to end (or their leases to expire)."""
+        caller. Waits for the attempts in flight to end (or their leases to expire).
+
+        An envelope whose code this process cannot import is not lost: it is logged at
+        ERROR and stays in the database, RETURNED, until ``terminate()`` is called again
+        in a process that can import it (the queue is TERMINATED already; that call
+        only hands back)."""
         timeout = _checks.timeout(f"queue {self.name!r}: terminate() timeout", timeout)
         await self.connect()
         loop = asyncio.get_running_loop()
@@ -515,12 +520,7 @@ class PgQueue:
         # The subscriptions end with the queue: their listeners hear of every move up
         # to the hand-back first, while the handed-back rows are still there.
         await self._events.close()
-        rows = await db.fetch(
-            "DELETE FROM envq.envelopes WHERE queue = $1 AND state = 'returned' RETURNING * ",
-            self.name,
-        )
-        rows = sorted(rows, key=lambda r: r["seq"])
-        return [decode(r) for r in rows]
+        return await _hand_back(self.name, db)
 
     # -- events ------------------------------------------------------------------------
 
@@ -741,3 +741,42 @@ class PgQueue:
             self.name,
         )
         return {r[0]: r[1] for r in rows}
+
+
+async def _hand_back(name: str, db: asyncpg.Pool) -> list[Envelope]:
+    """Delete and return the envelopes handed back, each decoded first: a row whose
+    code this process cannot import stays RETURNED in the database (logged), for a
+    later ``terminate()`` in a process that can import it to hand back."""
+    handed: list[Envelope] = []
+    kept: list[int] = []
+    async with db.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'returned'"
+            " ORDER BY seq FOR UPDATE",
+            name,
+        )
+        seqs: list[int] = []
+        for row in rows:
+            try:
+                handed.append(decode(row))
+            except Exception as error:  # its code is missing in this process
+                kept.append(row["seq"])
+                log.error(
+                    "queue %r: terminate() cannot hand back envelope %s (%s); it stays "
+                    "in the database, RETURNED",
+                    name,
+                    row["seq"],
+                    error,
+                )
+            else:
+                seqs.append(row["seq"])
+        await conn.execute("DELETE FROM envq.envelopes WHERE seq = ANY($1::bigint[])", seqs)
+    if kept:
+        log.error(
+            "queue %r: %d envelope(s) not handed back (seq %s): call terminate() again "
+            "in a process that can import their code",
+            name,
+            len(kept),
+            ", ".join(map(str, kept)),
+        )
+    return handed
