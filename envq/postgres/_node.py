@@ -930,37 +930,11 @@ class Node:
             case Action.END | Action.SHELVE:
                 return None, 0.0, None
             case Action.BLACKLIST:
-                await self._blacklist(env.type)
+                async with self._host._db().acquire() as conn:
+                    await blacklist(conn, self.name, env.type)
                 return None, 0.0, None
             case _:
                 assert_never(action)
-
-    async def _blacklist(self, type_: str) -> None:
-        """Blacklist a type in the shared queue: its live envelopes are stopped, and the
-        attempts of it in flight end STOPPED (their row group is relabelled)."""
-        async with self._host._db().acquire() as conn, conn.transaction():
-            await conn.execute(
-                "UPDATE envq.queues SET blacklist = array_append(blacklist, $2)"
-                " WHERE name = $1 AND NOT ($2 = ANY(blacklist))",
-                self.name,
-                type_,
-            )
-            await conn.execute(
-                "UPDATE envq.envelopes AS e SET kind = 'blacklisted'"
-                " WHERE queue = $1 AND type = $2 AND state = 'running'",
-                self.name,
-                type_,
-            )
-            await conn.execute(
-                "UPDATE envq.envelopes AS e"
-                " SET state = envq.envelope_target(e.state, 'blacklist', e.kind, q.state,"
-                "   false, NULL, NULL, q.stop_mode, false), event = 'blacklist'"
-                " FROM envq.queues AS q WHERE q.name = $1 AND e.queue = $1 AND e.type = $2"
-                " AND envq.envelope_target(e.state, 'blacklist', e.kind, q.state, false,"
-                "   NULL, NULL, q.stop_mode, false) IS NOT NULL",
-                self.name,
-                type_,
-            )
 
     # -- time limits and cancels ---------------------------------------------------------
 
@@ -971,3 +945,32 @@ class Node:
         """A worker cancelled by someone other than envq (the loop closing): its attempt
         ends CANCELLED and is parked or handed back by the lease's reaper."""
         w.abandoned = True
+
+
+async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
+    """Blacklist a type in the shared queue, in one transaction: its live envelopes are
+    stopped, and the attempts of it in flight end STOPPED (their row group is
+    relabelled)."""
+    async with conn.transaction():
+        await conn.execute(
+            "UPDATE envq.queues SET blacklist = array_append(blacklist, $2)"
+            " WHERE name = $1 AND NOT ($2 = ANY(blacklist))",
+            queue,
+            type_,
+        )
+        await conn.execute(
+            "UPDATE envq.envelopes AS e SET kind = 'blacklisted'"
+            " WHERE queue = $1 AND type = $2 AND state = 'running'",
+            queue,
+            type_,
+        )
+        await conn.execute(
+            "UPDATE envq.envelopes AS e"
+            " SET state = envq.envelope_target(e.state, 'blacklist', e.kind, q.state,"
+            "   false, NULL, NULL, q.stop_mode, false), event = 'blacklist'"
+            " FROM envq.queues AS q WHERE q.name = $1 AND e.queue = $1 AND e.type = $2"
+            " AND envq.envelope_target(e.state, 'blacklist', e.kind, q.state, false,"
+            "   NULL, NULL, q.stop_mode, false) IS NOT NULL",
+            queue,
+            type_,
+        )
