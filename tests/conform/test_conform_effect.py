@@ -12,11 +12,11 @@ call's own.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any
 
 import pytest
 
-from envq.conform.harness import Harness, shape_problem
+from envq.conform.harness import Harness
 from envq.conform.oracle import Violation
 from envq.conform.protocol import EnvSpec, Plan, QueueConfig, StopCall
 from envq.conform.transport import InProcessDriver
@@ -139,42 +139,3 @@ class TestEffect:
 
         with pytest.raises(Violation, match="e2: admitted without a send"):
             _send_after_an_end(Early(report_effect=True))
-
-
-GOOD: Final[dict[str, Any]] = {"ok": True, "result": None, "events": [], "at": 0, "t": 0.0}
-MOVE: Final[dict[str, Any]] = {
-    "t": 1.0,
-    "kind": "move",
-    "env": "e1",
-    "from": "new",
-    "to": "ready",
-    "outcome": None,
-    "cause": None,
-}
-
-
-class TestEffectShape:
-    @pytest.mark.parametrize(
-        ("events", "at", "effect"),
-        [(0, 0, 1), (2, 1, 2), (2, 2, -1), (2, 2, "1"), (1, None, 2)],
-    )
-    def test_an_effect_after_the_return_is_a_protocol_error(
-        self, events: int, at: int | None, effect: object
-    ) -> None:
-        response = {**GOOD, "events": [MOVE] * events, "effect": effect}
-        if at is None:
-            del response["at"]
-        else:
-            response["at"] = at
-        problem = shape_problem({"cmd": "start"}, response)
-        assert problem is not None
-        assert "'effect'" in problem
-
-    @pytest.mark.parametrize(("at", "effect"), [(2, 0), (2, 2), (None, 1)])
-    def test_an_effect_up_to_the_return_is_accepted(self, at: int | None, effect: int) -> None:
-        response = {**GOOD, "events": [MOVE] * 2, "effect": effect}
-        if at is None:
-            del response["at"]
-        else:
-            response["at"] = at
-        assert shape_problem({"cmd": "start"}, response) is None

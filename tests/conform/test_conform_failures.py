@@ -173,6 +173,10 @@ class TestWrongShapes:
             ("start", {"events": [{**MOVE, "outcome": "fine"}]}, "'events[0].outcome'"),
             ("start", {"events": [{"t": 0, "kind": "invoke", "env": "e1"}]}, ".plan'"),
             ("start", {"events": [MOVE], "at": 2}, "'at'"),
+            ("start", {"events": [MOVE, MOVE], "at": 1, "effect": 2}, "'effect'"),
+            ("start", {"events": [MOVE], "effect": 2}, "'effect'"),
+            ("start", {"events": [MOVE], "at": 1, "effect": -1}, "'effect'"),
+            ("start", {"events": [MOVE], "at": 1, "effect": "1"}, "'effect'"),
             ("start", {"t": None}, "'t'"),
             ("stats", {"result": {"state": "init"}}, "'result.capacity_used'"),
             ("stats", {"result": {"state": 1, "capacity_used": 0}}, "'result.state'"),
@@ -196,6 +200,10 @@ class TestWrongShapes:
     def test_the_protocols_own_shapes_pass(self) -> None:
         moved = {**GOOD, "events": [MOVE], "at": 1}
         assert shape_problem({"cmd": "start"}, moved) is None
+        for effect in (0, 1):  # the events before the call took effect: up to `at`
+            assert shape_problem({"cmd": "start"}, {**moved, "effect": effect}) is None
+        unplaced = {"ok": True, "events": [MOVE], "effect": 1}  # `at` absent: all of them
+        assert shape_problem({"cmd": "start"}, unplaced) is None
         stats = {"state": "running", "capacity_used": 2, "by_state": {"ready": 2}}
         assert shape_problem({"cmd": "stats"}, {**GOOD, "result": stats}) is None
         failed = {"ok": False, "error": "queue_stopping", "events": []}
