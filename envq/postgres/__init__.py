@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from envq.postgres._codec import callable_name
-    from envq.postgres._queue import CHANNEL, PgQueue, StoreUnavailable
+    from envq.postgres._queue import CHANNEL, AdmissionUnknown, PgQueue, StoreUnavailable
 
-__all__ = ["CHANNEL", "PgQueue", "StoreUnavailable", "callable_name"]
+__all__ = ["CHANNEL", "AdmissionUnknown", "PgQueue", "StoreUnavailable", "callable_name"]
 
 _WHERE = {
+    "AdmissionUnknown": "envq.postgres._queue",
     "CHANNEL": "envq.postgres._queue",
     "PgQueue": "envq.postgres._queue",
     "StoreUnavailable": "envq.postgres._queue",

@@ -6,8 +6,10 @@ shows the DSN's password)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final
 
 from envq import _checks
@@ -24,12 +26,15 @@ if TYPE_CHECKING:
 __all__ = [
     "LEASE_MAX",
     "LEASE_MIN",
+    "AdmissionUnknown",
+    "CommitUnheard",
     "NeverFits",
     "StoreUnavailable",
     "check_dsn",
     "check_lease",
     "check_room",
     "check_schema",
+    "committed",
     "queue_row",
     "storable_text",
     "unavailable",
@@ -42,6 +47,49 @@ _LIVE: Final = [s.value for s in LIVE_STATES]
 class StoreUnavailable(QueueNotRunning):
     """The database could not be reached, or the connection was lost mid-call; what the
     call would have changed is rolled back (a ``send`` admitted nothing)."""
+
+
+class AdmissionUnknown(StoreUnavailable):
+    """The connection was lost while a ``send`` committed, and the database could not
+    be asked afterwards whether the commit went through: the batch was admitted whole
+    or not at all, but which is unknown. Sending it again is safe for envelopes with an
+    ``id``: one still live is counted as a dedup, not admitted twice."""
+
+
+class CommitUnheard(Exception):
+    """The connection was lost during a transaction's ``COMMIT``: the server may have
+    committed it. ``xid`` names the transaction, to ask the server which."""
+
+    def __init__(self, xid: str, admitted: int) -> None:
+        super().__init__(f"COMMIT of transaction {xid} unheard")
+        self.xid = xid
+        self.admitted = admitted
+
+
+async def committed(
+    session: Callable[[], AbstractAsyncContextManager[Any]],
+    xid: str,
+    lost: tuple[type[BaseException], ...],
+    *,
+    patience: float = 5.0,
+) -> bool | None:
+    """Whether transaction ``xid`` committed, asked on a new session
+    (``pg_xact_status``): ``True``, ``False`` (aborted), or ``None`` if the database
+    cannot tell within ``patience`` seconds (unreachable, or the transaction still
+    in progress)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + patience
+    while True:
+        try:
+            async with session() as conn:
+                status = await conn.fetchval("SELECT pg_xact_status($1::text::xid8)", xid)
+        except lost:
+            status = None
+        if status in ("committed", "aborted"):
+            return bool(status == "committed")
+        if loop.time() >= until:
+            return None
+        await asyncio.sleep(0.05)
 
 
 class NeverFits(CapacityExceeded):

@@ -69,12 +69,15 @@ from envq._machine import (
 from envq._values import HookTimeout, Rejection, Statistics
 from envq.postgres._codec import Encoded, decode, encode, first_wait
 from envq.postgres._edges import (
+    AdmissionUnknown,
+    CommitUnheard,
     NeverFits,
     StoreUnavailable,
     check_dsn,
     check_lease,
     check_room,
     check_schema,
+    committed,
     queue_row,
     storable_text,
     unavailable,
@@ -88,7 +91,7 @@ from envq.postgres.schema import SCHEMA_VERSION, event_label, render
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["CHANNEL", "PgQueue", "StoreUnavailable"]
+__all__ = ["CHANNEL", "AdmissionUnknown", "PgQueue", "StoreUnavailable"]
 
 #: The reasons of :class:`envq.Statistics` ``rejections``, by the error a send raised
 #: (the lifecycle's errors count as ``state``).
@@ -597,7 +600,11 @@ class PgQueue:
             names the field); :class:`CapacityExceeded`: the batch does not fit;
             :class:`TypeBlacklisted`; :class:`QueueStopping` / :class:`QueueNotRunning` /
             :class:`QueueTerminated` by the lifecycle; :class:`StoreUnavailable`: the
-            database was lost (nothing admitted).
+            database was lost (nothing admitted); :class:`AdmissionUnknown` (a kind of
+            it): the connection was lost as the batch committed and the database could
+            not be asked whether it did (admitted whole or not at all). A connection
+            lost as the batch committed is resolved by asking the database: if it
+            committed, ``send`` returns as usual.
         """
         label = f"queue {self.name!r}: send()"
         try:
@@ -622,65 +629,96 @@ class PgQueue:
             raise StoreUnavailable(
                 f"{label}: the connection was lost; nothing was admitted ({type(error).__name__})"
             ) from None
+        except CommitUnheard as unheard:
+            # The server may have committed before the connection went: ask it.
+            done = await committed(self._session, unheard.xid, _lost(asyncpg))
+            if done is None:
+                raise AdmissionUnknown(
+                    f"{label}: the connection was lost as the batch committed, and the"
+                    " database cannot tell whether it did: it was admitted whole or not at"
+                    " all (sending it again is safe for envelopes with an id)"
+                ) from None
+            if not done:
+                raise StoreUnavailable(
+                    f"{label}: the connection was lost as the batch committed; the"
+                    " database rolled it back: nothing was admitted"
+                ) from None
+            admitted = unheard.admitted
         self._dedups += len(rows) - admitted
         self._events.wake()
         return admitted
 
     async def _send(self, rows: Sequence[Encoded]) -> int:
-        async with self._session() as conn, conn.transaction():
-            found = await conn.fetchrow(
-                "SELECT state, blacklist, capacity,"
-                " extract(epoch FROM clock_timestamp())::float8 AS now"
-                " FROM envq.queues WHERE name = $1 FOR SHARE",
-                self.name,
-            )
-            if found is None:
-                raise QueueNotRunning(f"queue {self.name!r} does not exist")
-            state = QueueState(found["state"])
-            row = LIFECYCLE[(state, QueueCall.SEND)]
-            if row.action is LifeAction.REJECT:
-                assert row.error is not None
-                raise row.error(f"queue {self.name!r} is {state.value}: send is rejected")
-            banned = set(found["blacklist"])
-            for enc in rows:
-                if enc.type and enc.type in banned:
-                    raise TypeBlacklisted(f"queue {self.name!r}: type {enc.type!r} is blacklisted")
-            # The queue's capacity, as its row says now.
-            capacity = self.capacity = found["capacity"]
-            if capacity:
-                await check_room(conn, self.name, rows, capacity)
-            arrival = _ARRIVAL[row.action]
-            if arrival is Arrival.NOW:  # a calendar's first run: its first fire from now on
-                rows = [first_wait(enc, found["now"]) for enc in rows]
-            states = [
-                _SEND_TARGETS[
-                    Arrival.LATER if arrival is Arrival.NOW and enc.delay > 0 else arrival
-                ].value
-                for enc in rows
-            ]
-            status = await conn.execute(
-                _INSERT,
-                self.name,
-                [e.id for e in rows],
-                [e.type for e in rows],
-                [e.invoke for e in rows],
-                [e.payload for e in rows],
-                [(Kind.PERIODIC if e.periodic else Kind.ONE_OFF).value for e in rows],
-                states,
-                [e.interval for e in rows],
-                [e.schedule for e in rows],
-                [e.deadline for e in rows],
-                [e.hooks[0] for e in rows],
-                [e.hooks[1] for e in rows],
-                [e.hooks[2] for e in rows],
-                [e.hooks[3] for e in rows],
-                [e.retry for e in rows],
-                [e.delay for e in rows],
-                [e.cron for e in rows],
-                [e.cron_tz for e in rows],
-            )
-            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self.name)
-        return int(status.rsplit(" ", 1)[-1])
+        import asyncpg  # noqa: PLC0415
+
+        admitted, xid = -1, ""
+        try:
+            async with self._session() as conn, conn.transaction():
+                admitted, xid = await self._admit(conn, rows)
+        except _lost(asyncpg):
+            if admitted < 0:
+                raise  # lost before COMMIT: the server rolls the transaction back
+            raise CommitUnheard(xid, admitted) from None
+        return admitted
+
+    async def _admit(self, conn: _Conn, rows: Sequence[Encoded]) -> tuple[int, str]:
+        """The statements of a send, in its transaction: the number of rows inserted,
+        and the transaction's id."""
+        found = await conn.fetchrow(
+            "SELECT state, blacklist, capacity,"
+            " extract(epoch FROM clock_timestamp())::float8 AS now"
+            " FROM envq.queues WHERE name = $1 FOR SHARE",
+            self.name,
+        )
+        if found is None:
+            raise QueueNotRunning(f"queue {self.name!r} does not exist")
+        state = QueueState(found["state"])
+        row = LIFECYCLE[(state, QueueCall.SEND)]
+        if row.action is LifeAction.REJECT:
+            assert row.error is not None
+            raise row.error(f"queue {self.name!r} is {state.value}: send is rejected")
+        banned = set(found["blacklist"])
+        for enc in rows:
+            if enc.type and enc.type in banned:
+                raise TypeBlacklisted(f"queue {self.name!r}: type {enc.type!r} is blacklisted")
+        # The queue's capacity, as its row says now.
+        capacity = self.capacity = found["capacity"]
+        if capacity:
+            await check_room(conn, self.name, rows, capacity)
+        arrival = _ARRIVAL[row.action]
+        if arrival is Arrival.NOW:  # a calendar's first run: its first fire from now on
+            rows = [first_wait(enc, found["now"]) for enc in rows]
+        states = [
+            _SEND_TARGETS[
+                Arrival.LATER if arrival is Arrival.NOW and enc.delay > 0 else arrival
+            ].value
+            for enc in rows
+        ]
+        status = await conn.execute(
+            _INSERT,
+            self.name,
+            [e.id for e in rows],
+            [e.type for e in rows],
+            [e.invoke for e in rows],
+            [e.payload for e in rows],
+            [(Kind.PERIODIC if e.periodic else Kind.ONE_OFF).value for e in rows],
+            states,
+            [e.interval for e in rows],
+            [e.schedule for e in rows],
+            [e.deadline for e in rows],
+            [e.hooks[0] for e in rows],
+            [e.hooks[1] for e in rows],
+            [e.hooks[2] for e in rows],
+            [e.hooks[3] for e in rows],
+            [e.retry for e in rows],
+            [e.delay for e in rows],
+            [e.cron for e in rows],
+            [e.cron_tz for e in rows],
+        )
+        xid = await conn.fetchval(
+            "SELECT pg_current_xact_id()::text FROM pg_notify($1, $2)", CHANNEL, self.name
+        )
+        return int(status.rsplit(" ", 1)[-1]), str(xid)
 
     @on_its_loop
     async def send_wait(

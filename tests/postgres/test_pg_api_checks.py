@@ -10,9 +10,14 @@ with generous limits; no timing is asserted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import functools
 import itertools
 import math
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pg_jobs
 import pytest
@@ -20,8 +25,9 @@ from pg_support import create_database
 
 import envq
 from envq._errors import BadEnvelopeType
-from envq.postgres import PgQueue, StoreUnavailable
+from envq.postgres import AdmissionUnknown, PgQueue, StoreUnavailable
 from envq.postgres import node as node_command
+from envq.postgres._edges import committed
 from envq.postgres._server import ThrowawayServer
 
 asyncpg = pytest.importorskip("asyncpg")
@@ -245,6 +251,120 @@ async def test_a_connection_killed_mid_send_raises_store_unavailable(pg_dsn: str
         finally:
             await admin.close()
         assert await q.counts() == {}
+
+
+# -- a connection lost as a send commits ---------------------------------------------
+
+_SENDING: contextvars.ContextVar[bool] = contextvars.ContextVar("sending", default=False)
+
+
+def _lose_send_commits(
+    monkeypatch: pytest.MonkeyPatch,
+    q: PgQueue,
+    cut: Callable[[Any, Callable[[], Awaitable[None]]], Awaitable[None]],
+) -> None:
+    """Make the COMMIT of ``q``'s sends go through ``cut(connection, commit)``, which
+    loses the connection around the real commit."""
+    admit = PgQueue._admit
+
+    async def admitting(self: PgQueue, conn: Any, rows: Any) -> tuple[int, str]:
+        found = await admit(self, conn, rows)
+        _SENDING.set(True)  # the send's task commits next
+        return found
+
+    real = asyncpg.transaction.Transaction._Transaction__commit
+
+    async def commit(tx: Any) -> None:
+        if not _SENDING.get():
+            await real(tx)
+            return
+        _SENDING.set(False)
+        await cut(tx._connection, lambda: real(tx))
+
+    monkeypatch.setattr(PgQueue, "_admit", admitting)
+    monkeypatch.setattr(asyncpg.transaction.Transaction, "_Transaction__commit", commit)
+
+
+async def test_a_send_whose_commit_went_through_unheard_returns_as_usual(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server committed; its answer was lost with the connection. The send asks
+    the database, finds its transaction committed, and returns the count."""
+
+    async def unheard(conn: Any, commit: Callable[[], Awaitable[None]]) -> None:
+        await commit()
+        conn.terminate()
+        raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")
+
+    q = PgQueue(pg_dsn, _name(), workers=0)
+    await q.install()
+    async with q:
+        await q.start()
+        _lose_send_commits(monkeypatch, q, unheard)
+        sent = [envq.Envelope(invoke=pg_jobs.noop, id=i) for i in range(3)]
+        assert await q.send(*sent) == 3
+        assert await q.counts() == {"ready": 3}
+
+
+async def test_a_send_whose_commit_was_cut_says_nothing_was_admitted(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session was terminated before its COMMIT reached the server: the server
+    rolled back, the database says so, and the error is the plain one."""
+
+    async def terminated(conn: Any, commit: Callable[[], Awaitable[None]]) -> None:
+        killer = await asyncpg.connect(pg_dsn)
+        try:
+            await killer.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
+        finally:
+            await killer.close()
+        await commit()
+
+    q = PgQueue(pg_dsn, _name(), workers=0)
+    await q.install()
+    async with q:
+        await q.start()
+        _lose_send_commits(monkeypatch, q, terminated)
+        with pytest.raises(
+            StoreUnavailable, match="rolled it back: nothing was admitted"
+        ) as caught:
+            await q.send(envq.Envelope(invoke=pg_jobs.noop, id="x"))
+        assert not isinstance(caught.value, AdmissionUnknown)
+        assert await q.counts() == {}
+
+
+async def test_a_send_whose_commit_cannot_be_confirmed_is_admission_unknown(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database cannot be asked after the loss: the error says the outcome is
+    unknown, not that nothing was admitted; a second send of the same ids is safe."""
+    q = PgQueue(pg_dsn, _name(), workers=0)
+
+    @contextlib.asynccontextmanager
+    async def unreachable() -> AsyncIterator[Any]:
+        raise OSError("connection refused")
+        yield  # pragma: no cover - never reached
+
+    async def unheard(conn: Any, commit: Callable[[], Awaitable[None]]) -> None:
+        await commit()
+        conn.terminate()
+        monkeypatch.setattr(q, "_session", unreachable)
+        raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")
+
+    monkeypatch.setattr(
+        "envq.postgres._queue.committed", functools.partial(committed, patience=0.3)
+    )
+    await q.install()
+    async with q:
+        await q.start()
+        _lose_send_commits(monkeypatch, q, unheard)
+        sent = [envq.Envelope(invoke=pg_jobs.noop, id=i) for i in range(2)]
+        with pytest.raises(AdmissionUnknown, match="admitted whole or not at all"):
+            await q.send(*sent)
+        monkeypatch.undo()
+        assert await q.counts() == {"ready": 2}
+        assert await q.send(*sent) == 0  # both still live: dedups
+        assert await q.counts() == {"ready": 2}
 
 
 # -- a database without envq's schema ----------------------------------------------
