@@ -22,7 +22,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, assert_never
 
@@ -339,45 +339,6 @@ async def end_each(
     return found, again
 
 
-class _Held:
-    """A pooled connection one of a node's tasks keeps between its statements: the
-    pool resets a session it gets back (a statement of its own, a round trip), which
-    the hot path would otherwise pay at every claim and every end. A session lost, or
-    left by a statement that did not complete, goes back to the pool, which resets or
-    closes it; the next statement takes another."""
-
-    __slots__ = ("_conn", "_host")
-
-    def __init__(self, host: Host) -> None:
-        self._host = host
-        self._conn: _Conn | None = None
-
-    @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[_Conn]:
-        import asyncpg  # noqa: PLC0415
-
-        if self._conn is None:
-            self._conn = await self._host._db().acquire()
-        conn = self._conn
-        try:
-            yield conn
-        except BaseException as error:
-            self._conn = None
-            if isinstance(error, _lost(asyncpg)):
-                with contextlib.suppress(asyncpg.InterfaceError):
-                    conn.terminate()
-            with contextlib.suppress(Exception):
-                await self._host._db().release(conn)
-            raise
-
-    async def release(self) -> None:
-        """Give the connection back to the pool (the node leaves)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await self._host._db().release(conn)
-
-
 class _Flight:
     """One attempt in flight on this node: its row, its lease, its worker."""
 
@@ -426,7 +387,6 @@ class Node:
         self._attempts: set[asyncio.Task[None]] = set()
         self._ending: list[_Ending] = []
         self._ending_ready = asyncio.Event()
-        self._held = (_Held(host), _Held(host))  # the pump's, the finisher's
         #: Attempts running their body or hooks (a slot each; their end may still be
         #: committing).
         self._busy = 0
@@ -467,8 +427,6 @@ class Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        for held in self._held:
-            await held.release()
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 await self._listener.close()
@@ -543,7 +501,7 @@ class Node:
                 continue
             self._wake.clear()
             try:
-                async with self._held[0].session() as conn:
+                async with self._host._session() as conn:
                     rows = await conn.fetch(
                         "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
                         self.name,
@@ -884,7 +842,7 @@ class Node:
     async def _end(self, batch: list[_Ending], how_many: int) -> list[Row]:
         """End the attempts of ``batch`` and claim up to ``how_many`` more, in one
         statement: the ended rows and the claimed ones."""
-        async with self._held[1].session() as conn:
+        async with self._host._session() as conn:
             return list(
                 await conn.fetch(
                     _FINISH_AND_CLAIM,
