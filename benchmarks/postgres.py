@@ -523,13 +523,18 @@ async def run_all(
     try:
         pg_version, durability = await _server_facts(server.dsn())
         log(f"PostgreSQL {pg_version}, {durability}; {SETTINGS}")
+        present = []
         for system in systems:
             why = _available(system)
             if why is not None:
                 log(f"{'envq.postgres' if system == 'envq' else system}: {why}")
                 rows.append(Row(system=system, procs=0, n=n, error=why))
-                continue
-            for count in procs:
+            else:
+                present.append(system)
+        # The systems take turns at each number of processes: on a shared machine the
+        # load drifts over a run, and neighbours in time see about the same load.
+        for count in procs:
+            for system in present:
                 row = await measure(
                     server, system, count, n=n, latency_jobs=latency_jobs, rate=rate
                 )
@@ -537,6 +542,7 @@ async def run_all(
                 log(_line(row))
     finally:
         server.stop()
+    rows.sort(key=lambda row: systems.index(row.system))
     return {
         "n": n,
         "latency_jobs": latency_jobs,
@@ -657,9 +663,10 @@ def section(result: dict[str, Any], command: str = "python -m benchmarks.postgre
         "`Queries.enqueue` with lists, procrastinate `batch_defer_async`). *p50/p95/p99*: "
         "send → start latency with the workers idle and running, jobs sent one at a "
         "time; the job body's `time.time()` minus the one read just before the send "
-        "call. Higher jobs/s and lower latency are better. One run, no repetitions: "
-        "on a shared machine the figures move from run to run by tens of percent, so "
-        "compare the systems within one run.",
+        "call. Higher jobs/s and lower latency are better. The systems take turns at "
+        "each number of worker processes. One run, no repetitions: on a shared machine "
+        "the figures move from run to run by tens of percent, so compare the systems "
+        "within one run.",
         "",
         f"- **Software:** Python {v.get('python', '?')}; envq {v.get('envq', '?')}; "
         f"pgqueuer {v.get('pgqueuer', '?')} (asyncpg {v.get('asyncpg', '?')}); "

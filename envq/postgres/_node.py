@@ -149,6 +149,15 @@ async def arm_calendars(conn: Any, queue: str) -> None:
     )
 
 
+async def _returned(conn: object) -> None:
+    """What the pool does with a session given back to it, beyond rolling back a
+    transaction left open (which asyncpg always does): nothing. Its default sends a
+    statement that undoes session state (``RESET ALL``, ``UNLISTEN *``, session
+    advisory locks, open cursors), a round trip at every claim and every end; envq's
+    pooled sessions hold none (their settings and advisory locks are the
+    transaction's, and the listening session is not pooled)."""
+
+
 async def _nap(wake: asyncio.Event, seconds: float) -> None:
     """Wait until ``wake`` is set or ``seconds`` have passed. Not ``wait_for``: on
     Python 3.11 its timeout racing a cancel can swallow the cancel, and a node's task

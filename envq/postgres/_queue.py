@@ -85,7 +85,7 @@ from envq.postgres._edges import (
 )
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
-from envq.postgres._node import CHANNEL, Node, _lost, _node_name, arm_calendars
+from envq.postgres._node import CHANNEL, Node, _lost, _node_name, _returned, arm_calendars
 from envq.postgres.schema import SCHEMA_VERSION, event_label, render
 
 if TYPE_CHECKING:
@@ -289,6 +289,7 @@ class PgQueue:
                 min_size=1,
                 max_size=max(2, min(self.workers, 8) + 2),
                 server_settings=self._session_settings(),
+                reset=_returned,
             )
         except unreachable(asyncpg) as error:
             raise unavailable(self.name, self._dsn, error) from None

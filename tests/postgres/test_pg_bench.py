@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from benchmarks import postgres as bench
 from envq.postgres._server import ThrowawayServer
 
@@ -60,3 +62,40 @@ def test_tiny_run_gives_well_formed_figures(pg_server: ThrowawayServer) -> None:
     assert again.index(bench.HEADING) < again.index("## Method")
     kept = bench.splice("# report\n\n## Method\n\nhow\n", None, old=report)
     assert kept == report
+
+
+def test_the_systems_take_turns_at_each_number_of_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured in turns (envq 1, pgqueuer 1, envq 2, ...), reported by system."""
+    import envq.postgres._server as server_module  # noqa: PLC0415
+
+    class Server:
+        def start(self) -> None: ...
+
+        def stop(self) -> None: ...
+
+        def dsn(self, name: str = "postgres") -> str:
+            return name
+
+    order: list[tuple[str, int]] = []
+
+    async def measure(server: object, system: str, procs: int, **_: object) -> bench.Row:
+        order.append((system, procs))
+        return bench.Row(system=system, procs=procs, n=1)
+
+    async def facts(dsn: str) -> tuple[str, str]:
+        return "15.0", "fsync=on"
+
+    monkeypatch.setattr(server_module, "ThrowawayServer", lambda fast: Server())
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "_server_facts", facts)
+    monkeypatch.setattr(bench, "_available", lambda system: None)
+    result = asyncio.run(
+        bench.run_all(
+            ["envq", "pgqueuer"], [1, 2], n=1, latency_jobs=1, rate=1.0, log=lambda _: None
+        )
+    )
+    assert order == [("envq", 1), ("pgqueuer", 1), ("envq", 2), ("pgqueuer", 2)]
+    reported = [(row["system"], row["procs"]) for row in result["rows"]]
+    assert reported == [("envq", 1), ("envq", 2), ("pgqueuer", 1), ("pgqueuer", 2)]
