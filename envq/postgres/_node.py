@@ -727,6 +727,16 @@ class Node:
                 kind, delay, failures = await self._decide(
                     w, env, row, outcome, cause, flight.claimed_at, None
                 )
+                if outcome is Outcome.STOP_TYPE and env.type:
+                    # The ban commits with this end: an attempt of the type ending
+                    # meanwhile must not see the ban before the attempt that made it.
+                    give_up = flight.claimed_at + self.lease * 4
+                    ended = await end_banning(self._host._db(), self.name, env.type, row, give_up)
+                    if ended is not _GAVE_UP:
+                        self.counts_local["finished" if ended else "fenced"] += 1
+                        if ended:
+                            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+                    return
             # The slot stays taken until the end commits: the envelope is RUNNING until
             # then, and a node never has more than `workers` envelopes RUNNING.
             await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
@@ -930,9 +940,7 @@ class Node:
             case Action.END | Action.SHELVE:
                 return None, 0.0, None
             case Action.BLACKLIST:
-                async with self._host._db().acquire() as conn:
-                    await blacklist(conn, self.name, env.type)
-                return None, 0.0, None
+                return None, 0.0, None  # the ban commits with the end (end_banning)
             case _:
                 assert_never(action)
 
@@ -974,3 +982,43 @@ async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
             queue,
             type_,
         )
+
+
+#: The end of a StopType attempt (as the finisher ends it), fenced by its token.
+_END_STOP_TYPE: Final = f"""
+SELECT state::text FROM envq.finish_many(
+    ARRAY[$1::bigint], ARRAY[$2::uuid],
+    ARRAY['{event_label(Outcome.STOP_TYPE)}'::envq.envelope_event],
+    ARRAY[NULL::envq.decision_kind], ARRAY[NULL::envq.cancel_cause],
+    ARRAY[0.0::float8], ARRAY[NULL::integer])
+"""
+
+
+async def end_banning(db: asyncpg.Pool, queue: str, type_: str, row: Row, give_up: float) -> Any:
+    """End a StopType attempt and blacklist its type in one transaction (the ban's
+    moves first, as in one process), tried again while the database is away until
+    ``give_up`` (monotonic). The state it ended in; None if its token no longer held
+    (a late result: the type is not banned either); ``_GAVE_UP`` when the database
+    stayed away (a reaper ends it)."""
+    import asyncpg  # noqa: PLC0415
+
+    pause = 0.05
+    while True:
+        try:
+            async with db.acquire() as conn:
+                transaction = conn.transaction()
+                await transaction.start()
+                try:
+                    await blacklist(conn, queue, type_)
+                    ended = await conn.fetchval(_END_STOP_TYPE, row["seq"], row["lease_token"])
+                except BaseException:
+                    await transaction.rollback()
+                    raise
+                await (transaction.rollback() if ended is None else transaction.commit())
+                return ended
+        except _lost(asyncpg) as err:
+            if time.monotonic() > give_up:
+                log.error("queue %r: could not end an attempt (%s)", queue, err)
+                return _GAVE_UP
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
