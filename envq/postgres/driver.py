@@ -139,6 +139,10 @@ DIVERGENCES: Final[tuple[dict[str, Any], ...]] = (
 #: where the driver received them (see :meth:`Session.handle`).
 REFUSED_AT_ONCE: Final = frozenset({"send", "start", "stop"})
 
+#: The calls whose answer carries ``effect``: where, among the observations, the call
+#: took effect in the database (see :func:`_effect`).
+EFFECTIVE: Final = frozenset({"send", "start", "stop", "terminate"})
+
 #: Real seconds the driver lets pass after a command for the nodes to settle, as a
 #: share of one model second (the smallest duration the harness generates is 1).
 SETTLE_SHARE: Final = 0.1
@@ -567,6 +571,9 @@ class Session:
             timed, counts = await self.collect(stats=stats)
             events = [ev for _, ev in timed]
             at = sum(1 for w, _ in timed if w <= placed)
+            if cmd in EFFECTIVE:
+                early = sum(1 for w, _ in timed if w <= received)
+                response["effect"] = min(at, _effect(cmd, response["ok"], events, early))
             if stats:
                 at = len(events)
                 response["result"] = self._stats(counts)
@@ -820,6 +827,33 @@ class Session:
     async def cmd_quit(self, command: dict[str, Any]) -> None:
         """End the session."""
         await self.close()
+
+
+def _effect(cmd: str, ok: bool, events: list[dict[str, Any]], early: int) -> int:
+    """How many of ``events`` came before the call ``cmd`` took effect in the database:
+    before its first move where it has one (an admitted send's first admission; the
+    queue's move of a start, of a stop of a running queue, of a terminate); for a
+    terminate of a stopping queue, before the first move it caused (a park, a
+    cancelled attempt) or the queue's next move; otherwise (a call refused, or one that
+    moved nothing) ``early``, the observations made before the driver received it."""
+    for i, ev in enumerate(events[early:], early) if ok else ():
+        if ev["kind"] == "queue":
+            mine = {
+                "start": ev["to"] == "running",
+                "stop": ev["from"] == "running",
+                "terminate": True,
+            }
+            if mine.get(cmd, False):
+                return i
+        elif ev["kind"] == "move":
+            if cmd == "send" and ev["from"] == "new":
+                return i
+            caused = ev["outcome"] == "cancelled" or (
+                ev["outcome"] is None and ev["to"] in ("parked", "returned")
+            )
+            if cmd == "terminate" and caused:
+                return i
+    return early
 
 
 def _report(
