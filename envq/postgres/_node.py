@@ -87,6 +87,16 @@ SELECT * FROM envq.finish_and_claim($1::bigint[], $2::uuid[], $3::envq.envelope_
 """
 _RUNNING: Final = EnvState.RUNNING.value
 
+#: The keeper's due move: how many envelopes became due, and the seconds until the
+#: next DELAYED one is (None: none is).
+_DUE: Final = """
+SELECT envq.due($1) AS moved,
+       extract(epoch FROM (SELECT min(d.due_at) FROM envq.envelopes AS d
+                            WHERE d.queue = $1 AND d.state = 'delayed'
+                              AND d.due_at > clock_timestamp()) - clock_timestamp())::float8
+           AS soon
+"""
+
 #: An expired attempt's row, locked for its reaper; none when another reaper holds it
 #: (SKIP LOCKED) or the attempt ended meanwhile.
 _REAPABLE: Final = """
@@ -536,6 +546,7 @@ class Node:
         period = min(self.lease / 3, self.poll)
         listening: list[asyncio.Task[None]] = []
         while True:
+            soon: float | None = None
             listener = self._listener
             if (listener is None or listener.is_closed()) and all(t.done() for t in listening):
                 # In its own task: connecting may take long, renewals may not wait (and
@@ -545,7 +556,8 @@ class Node:
             try:
                 async with self._host._session() as conn:
                     await self._renew(conn)
-                    moved = await conn.fetchval("SELECT envq.due($1)", self.name)
+                    due = await conn.fetchrow(_DUE, self.name)
+                    moved, soon = (0, None) if due is None else (due["moved"], due["soon"])
                     if moved:
                         self._wake.set()
                     try:
@@ -561,7 +573,9 @@ class Node:
                 log.warning("queue %r: keeper round failed (%s)", self.name, error)
             except Exception:
                 log.exception("queue %r: keeper round failed", self.name)
-            await asyncio.sleep(period)
+            # Not a whole period past the next due time: a due move is late by the
+            # statement's time only.
+            await asyncio.sleep(period if soon is None else min(period, max(soon, 0.0)))
 
     async def _renew(self, db: asyncpg.Pool | _Conn) -> None:
         if not self._flights:
