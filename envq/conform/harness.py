@@ -193,6 +193,10 @@ def shape_problem(command: Mapping[str, Any], response: Mapping[str, Any]) -> st
         at = response["at"]
         if not _is_count(at) or at > len(events):
             return _field(at, "at", f"a count from 0 to {len(events)} (the events)")
+    if "effect" in response:
+        effect, at = response["effect"], response.get("at", len(events))
+        if not _is_count(effect) or effect > at:
+            return _field(effect, "effect", f"a count from 0 to {at} (the events before 'at')")
     if "t" in response and not _is_number(response["t"]):
         return _field(response["t"], "t", "a number")
     if ok and response.get("error") != "DriverError":
@@ -268,10 +272,18 @@ class Harness:
         command: dict[str, Any],
         check: Callable[[dict[str, Any]], None] | None = None,
         calling: QueueCall | None = None,
+        prepare: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
-        """Send one command: feed the oracle the observations made until the call
-        returned (``calling`` being the call under way), run ``check`` on the response
-        (the queue as it was then), then feed it the rest."""
+        """Send one command: feed the oracle the observations made before the call took
+        effect, run ``prepare`` (what the call should do, predicted from the queue as
+        they left it), feed it those made until the call returned (``calling`` being
+        the call under way), run ``check`` on the response (the queue as it was then),
+        then feed it the rest.
+
+        A port on the real clock goes on between commands: an envelope may fall due,
+        start or end after the previous answer and before the call reaches the queue.
+        Such a port says so with ``effect`` (the observations before the call took
+        effect); without it the call is predicted from the previous answer."""
         self.log.append(command)
         try:
             response = self.driver.call(command)
@@ -286,10 +298,14 @@ class Harness:
             raise Violation("protocol", f"{command['cmd']}: {response.get('message')}")
         events = response.get("events", [])
         at = int(response.get("at", len(events)))
+        effect = int(response.get("effect", 0))
         oracle = self.oracle
+        self._observe(events[:effect])
+        if prepare is not None:
+            prepare()
         oracle.calling = calling
         try:
-            self._observe(events[:at])
+            self._observe(events[effect:at])
         finally:
             oracle.calling = None
         if check is not None:
@@ -353,6 +369,11 @@ class Harness:
         before = oracle.life
         result = start_result(before)
 
+        def prepare() -> None:
+            nonlocal before, result
+            before = oracle.life
+            result = start_result(before)
+
         def check(response: dict[str, Any]) -> None:
             row = f"LIFECYCLE[{before.name},START]"
             expected = result if isinstance(result, str) else None
@@ -364,7 +385,7 @@ class Harness:
                 message = f"start() left the queue {oracle.life.name}, not {result.name}"
                 raise Violation("I7", message, row)
 
-        self._call({"cmd": "start"}, check, QueueCall.START)
+        self._call({"cmd": "start"}, check, QueueCall.START, prepare)
 
     def send(self, names: list[str]) -> None:
         """``send(*names)``: admitted (dedup counted), or refused whole."""
@@ -372,7 +393,13 @@ class Harness:
         error, reason, fresh = oracle.predict_send(names)
         live_before = len(oracle.live())
         before = oracle.life
-        oracle.admitting = set(fresh) if error is None else set()
+
+        def prepare() -> None:
+            nonlocal error, reason, fresh, live_before, before
+            error, reason, fresh = oracle.predict_send(names)
+            live_before = len(oracle.live())
+            before = oracle.life
+            oracle.admitting = set(fresh) if error is None else set()
 
         def check(response: dict[str, Any]) -> None:
             row = f"LIFECYCLE[{before.name},SEND]"
@@ -387,18 +414,26 @@ class Harness:
                 raise Violation("I5", f"not admitted: {sorted(oracle.admitting)}")
             oracle.dedups += len(names) - len(fresh)
 
-        self._call({"cmd": "send", "envs": names}, check, QueueCall.SEND)
+        self._call({"cmd": "send", "envs": names}, check, QueueCall.SEND, prepare)
 
     def send_wait(self, names: list[str], timeout: float) -> None:
         """``send_wait(*names, timeout)``: admitted, timed out, or refused."""
         oracle = self.oracle
         before = oracle.life
-        error, reason, fresh = oracle.predict_send(names)
+        error: str | None = None
+        reason, fresh = "", list[str]()
         expect: str | None = None
-        if error == "capacity_exceeded":
-            error = None
-            expect = "capacity_exceeded" if len(fresh) > oracle.config.capacity else "wait"
-        oracle.admitting = set(fresh) if error is None and expect != "capacity_exceeded" else set()
+
+        def prepare() -> None:
+            nonlocal before, error, reason, fresh, expect
+            before = oracle.life
+            error, reason, fresh = oracle.predict_send(names)
+            expect = None
+            if error == "capacity_exceeded":
+                error = None
+                expect = "capacity_exceeded" if len(fresh) > oracle.config.capacity else "wait"
+            waits = error is None and expect != "capacity_exceeded"
+            oracle.admitting = set(fresh) if waits else set()
 
         def check(response: dict[str, Any]) -> None:
             row = f"LIFECYCLE[{before.name},SEND]"
@@ -428,7 +463,7 @@ class Harness:
             oracle.admitting = set()
 
         command = {"cmd": "send_wait", "envs": names, "timeout": timeout, "limit": self.guard}
-        self._call(command, check, QueueCall.SEND)
+        self._call(command, check, QueueCall.SEND, prepare)
 
     def stop(self, call: StopCall) -> None:
         """``stop(mode, cancel, wait)``: the report, or ``invalid_argument``."""
@@ -436,13 +471,17 @@ class Harness:
         mode = StopMode(call.mode or oracle.config.stop_mode)
         wait = oracle.config.wait if call.wait is None else call.wait
         before = oracle.life
-        row = f"LIFECYCLE[{before.name},STOP]"
         command: dict[str, Any] = {
             "cmd": "stop",
             "mode": call.mode,
             "cancel": call.cancel,
             "wait": call.wait,
         }
+
+        def took_effect() -> None:
+            nonlocal before
+            before = oracle.life
+
         if call.cancel and mode is StopMode.DRAIN:
 
             def invalid(response: dict[str, Any]) -> None:
@@ -451,16 +490,20 @@ class Harness:
                 if oracle.life is not before:
                     raise Violation("I7", "a refused stop changed the queue")
 
-            self._call(command, invalid)
+            self._call(command, invalid, prepare=took_effect)
             return
-        if before is QS.RUNNING:
-            oracle.stop_request = mode
-            if call.cancel:
-                oracle.request_cancel(CancelCause.STOP)
         if wait and before in (QS.RUNNING, QS.STOPPING):
             command["limit"] = self.guard
 
+        def prepare() -> None:
+            took_effect()
+            if before is QS.RUNNING:
+                oracle.stop_request = mode
+                if call.cancel:
+                    oracle.request_cancel(CancelCause.STOP)
+
         def check(response: dict[str, Any]) -> None:
+            row = f"LIFECYCLE[{before.name},STOP]"
             oracle.coverage.row(row)
             if not response.get("ok"):
                 raise Violation("I7", f"stop() failed: {response.get('error')}", row)
@@ -473,7 +516,7 @@ class Harness:
                 raise Violation("protocol", f"stop() answered {result!r}")
             oracle.check_report(result, before, wait)
 
-        self._call(command, check, QueueCall.STOP)
+        self._call(command, check, QueueCall.STOP, prepare)
 
     def wait_stopped(self) -> None:
         """``wait_stopped()``: the final report."""
@@ -498,16 +541,20 @@ class Harness:
         """``terminate()``: everything handed back or ended."""
         oracle = self.oracle
         before = oracle.life
-        row = f"LIFECYCLE[{before.name},TERMINATE]"
-        if before is QS.STOPPING:
-            assert oracle.run is not None
-            oracle.run.mode = StopMode.STOP
-        if before is QS.RUNNING:
-            oracle.stop_request = StopMode.STOP
-        if before in (QS.RUNNING, QS.STOPPING):
-            oracle.request_cancel(CancelCause.TERMINATE)
+
+        def prepare() -> None:
+            nonlocal before
+            before = oracle.life
+            if before is QS.STOPPING:
+                assert oracle.run is not None
+                oracle.run.mode = StopMode.STOP
+            if before is QS.RUNNING:
+                oracle.stop_request = StopMode.STOP
+            if before in (QS.RUNNING, QS.STOPPING):
+                oracle.request_cancel(CancelCause.TERMINATE)
 
         def check(response: dict[str, Any]) -> None:
+            row = f"LIFECYCLE[{before.name},TERMINATE]"
             oracle.coverage.row(row)
             result = response.get("result")
             if not response.get("ok") or not isinstance(result, dict):
@@ -516,13 +563,17 @@ class Harness:
                 raise Violation("I5", f"terminate() from {before.name} never ended", row)
             oracle.check_handed_back(list(result.get("handed_back", [])), before)
 
-        self._call({"cmd": "terminate", "limit": self.guard}, check, QueueCall.TERMINATE)
+        self._call({"cmd": "terminate", "limit": self.guard}, check, QueueCall.TERMINATE, prepare)
 
     def lend(self, name: str) -> None:
         """Send an envelope to the second queue: live there, refused here."""
         oracle = self.oracle
         t = oracle.tracks[name]
         live_here = t.state in LIVE
+
+        def prepare() -> None:
+            nonlocal live_here
+            live_here = t.state in LIVE
 
         def check(response: dict[str, Any]) -> None:
             if live_here:
@@ -534,7 +585,7 @@ class Harness:
                 t.lent = True
                 oracle.lent.append(name)
 
-        self._call({"cmd": "lend", "env": name}, check)
+        self._call({"cmd": "lend", "env": name}, check, prepare=prepare)
 
     def reclaim(self) -> None:
         """Terminate the second queue: it hands back the lent envelopes."""

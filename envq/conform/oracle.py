@@ -412,6 +412,8 @@ class Track:
     remaining: float = 0.0
     sched: float = 0.0
     attempt: AttemptLog | None = None
+    #: A cancel asked for after the attempt was dispatched, before its invoke began.
+    cancel_pending: CancelCause | None = None
     lent: bool = False
     hooks: list[tuple[str, int]] = attrs.Factory(list)
 
@@ -547,10 +549,13 @@ class Oracle:
         )
 
     def request_cancel(self, cause: CancelCause) -> None:
-        """A stop with cancel, or terminate, asks every attempt in flight to cancel."""
+        """A stop with cancel, or terminate, asks every attempt in flight to cancel
+        (one dispatched whose invoke has not begun yet hears it when it begins)."""
         for t in self.in_state(ES.RUNNING):
             if t.attempt is not None:
                 t.attempt.cancel_cause = cause
+            else:
+                t.cancel_pending = cause
 
     # -- observations -----------------------------------------------------------------
 
@@ -597,6 +602,7 @@ class Oracle:
             self.admitting.discard(t.name)
             if to is not ES.RUNNING:
                 t.attempt = None
+                t.cancel_pending = None
                 t.hooks = []
 
     def _invoked(self, name: str, plan: Plan, now: float) -> None:
@@ -606,7 +612,8 @@ class Oracle:
         _check(t.attempt is None, "I3", f"{name}: invoked again while its attempt runs")
         expected = t.script.popleft() if t.script else t.spec.then
         _check(plan is expected, "protocol", f"{name}: ran plan {plan.value}, not {expected.value}")
-        t.attempt = AttemptLog(plan, now)
+        t.attempt = AttemptLog(plan, now, cancel_cause=t.cancel_pending)
+        t.cancel_pending = None
         if plan in (Plan.SLOW, Plan.LONG):
             t.attempt.final = Plan.OK
         elif plan is not Plan.HANG:
@@ -726,6 +733,7 @@ class Oracle:
             )
             t.attempts += 1
             t.attempt = None
+            t.cancel_pending = None
         elif event is EnvEvent.STOP:
             _check(self.life is QS.STOPPING, "I6", f"{name}: parked while {self.life.name}")
             assert self.run is not None

@@ -1,0 +1,180 @@
+"""A port that goes on between commands, and the ``effect`` of its answers.
+
+A port on the real clock keeps working after it answers: an envelope falls due, starts
+or ends before the next command reaches the queue. The harness predicts a call from
+the queue as the observations before the call's effect left it; a port tells where
+that is with ``effect``. These tests make such a port out of the reference driver: the
+wrapper lets model time pass before a command (as the real clock would between two
+commands), and reports the moves made meanwhile in the command's answer, before the
+call's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+import pytest
+
+from envq.conform.harness import Harness, shape_problem
+from envq.conform.oracle import Violation
+from envq.conform.protocol import EnvSpec, Plan, QueueConfig, StopCall
+from envq.conform.transport import InProcessDriver
+from envq.driver import Session
+
+
+class Lagging:
+    """The reference driver, with ``lag`` model seconds passing before the next
+    command; the moves made meanwhile are reported in that command's answer."""
+
+    def __init__(self, *, report_effect: bool) -> None:
+        self.inner = InProcessDriver(Session)
+        self.report_effect = report_effect
+        self.lag = 0.0
+        #: (kind, env) of an observation made during the lag to report right after
+        #: the call's first own observation instead (once, at the next lag).
+        self.late: tuple[str, str] | None = None
+        self.lines = 0
+        self.last_line = ""
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        before: list[dict[str, Any]] = []
+        if self.lag:
+            before = self.inner.call({"cmd": "advance", "seconds": self.lag})["events"]
+            self.lag = 0.0
+        response = self.inner.call(command)
+        own = list(response.get("events", []))
+        if self.late is not None and before:
+            kind, env = self.late
+            moved = [e for e in before if (e["kind"], e.get("env")) == (kind, env)]
+            assert moved, f"no {kind} of {env} to move"
+            before = [e for e in before if e not in moved]
+            own[1:1] = moved
+            self.late = None
+        at = int(response.get("at", len(own)))
+        response["events"] = before + own
+        response["at"] = len(before) + at
+        if self.report_effect:
+            response["effect"] = len(before)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+_OPEN: list[Harness] = []
+
+
+@pytest.fixture(autouse=True)
+def _closed() -> Iterator[None]:
+    """Every session ends (its queues terminated), whatever the test raised."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _harness(driver: Lagging, *, workers: int, capacity: int) -> Harness:
+    harness = Harness(driver)
+    _OPEN.append(harness)
+    harness.queue(QueueConfig(workers=workers, capacity=capacity))
+    return harness
+
+
+def _stop_racing_a_claim(driver: Lagging) -> None:
+    """e1 hangs; e2 falls due and starts between the previous answer and a stop
+    with cancel, which cancels both."""
+    harness = _harness(driver, workers=2, capacity=0)
+    harness.define("e1", EnvSpec(then=Plan.HANG))
+    harness.define("e2", EnvSpec(delay=1.0, then=Plan.HANG))
+    harness.start()
+    harness.send(["e1"])
+    harness.send(["e2"])
+    driver.lag = 1.0
+    harness.stop(StopCall(mode="stop", cancel=True, wait=False))
+
+
+def _send_after_an_end(driver: Lagging) -> None:
+    """Capacity 1, held by e1 until it ends at model second 2; e2 is sent after."""
+    harness = _harness(driver, workers=1, capacity=1)
+    harness.define("e1", EnvSpec(then=Plan.SLOW))
+    harness.define("e2", EnvSpec())
+    harness.start()
+    harness.send(["e1"])
+    driver.lag = 5.0
+    harness.send(["e2"])
+
+
+class TestEffect:
+    def test_a_stop_cancels_an_attempt_that_began_before_it_took_effect(self) -> None:
+        _stop_racing_a_claim(Lagging(report_effect=True))
+
+    def test_without_effect_the_stop_is_predicted_from_the_previous_answer(self) -> None:
+        """The check that ``effect`` feeds: the same answers, predicted stale."""
+        with pytest.raises(Violation, match=r"cancelled at [\d.]+ by nobody"):
+            _stop_racing_a_claim(Lagging(report_effect=False))
+
+    def test_a_cancel_reaches_an_attempt_dispatched_before_its_invoke_began(self) -> None:
+        """The claim came before the stop took effect, the invoke after it."""
+        driver = Lagging(report_effect=True)
+        driver.late = ("invoke", "e2")
+        _stop_racing_a_claim(driver)
+
+    def test_a_send_is_admitted_into_room_made_before_it_took_effect(self) -> None:
+        _send_after_an_end(Lagging(report_effect=True))
+
+    def test_without_effect_the_send_is_predicted_refused(self) -> None:
+        with pytest.raises(Violation, match="e2: admitted without a send"):
+            _send_after_an_end(Lagging(report_effect=False))
+
+    def test_a_refused_send_is_still_checked_where_it_took_effect(self) -> None:
+        """The port says the send took effect before the end that made room: then
+        it must have been refused."""
+
+        class Early(Lagging):
+            def call(self, command: dict[str, Any]) -> dict[str, Any]:
+                response = super().call(command)
+                if command["cmd"] == "send" and command["envs"] == ["e2"]:
+                    response["effect"] = 0
+                return response
+
+        with pytest.raises(Violation, match="e2: admitted without a send"):
+            _send_after_an_end(Early(report_effect=True))
+
+
+GOOD: Final[dict[str, Any]] = {"ok": True, "result": None, "events": [], "at": 0, "t": 0.0}
+MOVE: Final[dict[str, Any]] = {
+    "t": 1.0,
+    "kind": "move",
+    "env": "e1",
+    "from": "new",
+    "to": "ready",
+    "outcome": None,
+    "cause": None,
+}
+
+
+class TestEffectShape:
+    @pytest.mark.parametrize(
+        ("events", "at", "effect"),
+        [(0, 0, 1), (2, 1, 2), (2, 2, -1), (2, 2, "1"), (1, None, 2)],
+    )
+    def test_an_effect_after_the_return_is_a_protocol_error(
+        self, events: int, at: int | None, effect: object
+    ) -> None:
+        response = {**GOOD, "events": [MOVE] * events, "effect": effect}
+        if at is None:
+            del response["at"]
+        else:
+            response["at"] = at
+        problem = shape_problem({"cmd": "start"}, response)
+        assert problem is not None
+        assert "'effect'" in problem
+
+    @pytest.mark.parametrize(("at", "effect"), [(2, 0), (2, 2), (None, 1)])
+    def test_an_effect_up_to_the_return_is_accepted(self, at: int | None, effect: int) -> None:
+        response = {**GOOD, "events": [MOVE] * 2, "effect": effect}
+        if at is None:
+            del response["at"]
+        else:
+            response["at"] = at
+        assert shape_problem({"cmd": "start"}, response) is None
