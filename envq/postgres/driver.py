@@ -28,7 +28,10 @@ reported before the claim that started it, nor a move before the ``on_failure``
 call that decided it; ``stats`` is answered from the same snapshot. A call's ``at``
 splits them where the call returned; a ``send``, ``start`` or ``stop`` refused (which
 changed nothing) is placed where the driver received it, so what the nodes did while
-it ran comes after it. The ways this port differs from the in-process queue on
+it ran comes after it. A ``send``, ``start``, ``stop`` or ``terminate`` also says
+where it took effect in the database (``effect``, see :func:`_effect`): the nodes go
+on between two commands, and the call is judged by the queue as what they did before
+it took effect left it. The ways this port differs from the in-process queue on
 purpose are declared in ``hello`` (:data:`DIVERGENCES`, explained in
 ``docs/postgres.md``, section "Conformance").
 """
