@@ -23,8 +23,8 @@ from envq.postgres import driver
 from envq.postgres._server import ThrowawayServer
 
 #: A small run, on a time scale whose timing tolerance (a quarter of a model second,
-#: 50 ms) covers the nodes' polling. Not the default 0.05: there, a claim racing a
-#: cancelling stop (see docs/postgres.md, "Conformance") fails a run now and then.
+#: 50 ms) covers the nodes' polling with room to spare on a loaded machine. Not the
+#: default 0.05: see docs/postgres.md, "Conformance", for what still ends a run there.
 ARGS = ("--examples", "3", "--steps", "20", "--time-scale", "0.2", "--derandomize")
 
 
