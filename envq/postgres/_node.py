@@ -741,15 +741,8 @@ class Node:
                 kind, delay, failures = await self._decide(
                     w, env, row, outcome, cause, flight.claimed_at, None
                 )
-                if outcome is Outcome.STOP_TYPE and env.type:
-                    # The ban commits with this end: an attempt of the type ending
-                    # meanwhile must not see the ban before the attempt that made it.
-                    give_up = flight.claimed_at + self.lease * 4
-                    ended = await end_banning(self._host._db(), self.name, env.type, row, give_up)
-                    if ended is not _GAVE_UP:
-                        self.counts_local["finished" if ended else "fenced"] += 1
-                        if ended:
-                            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+                if outcome is Outcome.STOP_TYPE and env.type:  # the ban commits with the end
+                    await end_banning(self, row, env.type, flight.claimed_at)
                     return
             # The slot stays taken until the end commits: the envelope is RUNNING until
             # then, and a node never has more than `workers` envelopes RUNNING.
@@ -1008,31 +1001,35 @@ SELECT state::text FROM envq.finish_many(
 """
 
 
-async def end_banning(db: asyncpg.Pool, queue: str, type_: str, row: Row, give_up: float) -> Any:
+async def end_banning(node: Node, row: Row, type_: str, claimed_at: float) -> None:
     """End a StopType attempt and blacklist its type in one transaction (the ban's
-    moves first, as in one process), tried again while the database is away until
-    ``give_up`` (monotonic). The state it ended in; None if its token no longer held
-    (a late result: the type is not banned either); ``_GAVE_UP`` when the database
-    stayed away (a reaper ends it)."""
+    moves first, as in one process), so that no attempt of the type ends as banned
+    before the attempt that banned it. Tried again while the database is away, for as
+    long as the finisher would (four leases from the claim; then a reaper ends it). If
+    the attempt's token no longer holds (a late result), nothing is done: the type is
+    not banned either."""
     import asyncpg  # noqa: PLC0415
 
     pause = 0.05
     while True:
         try:
-            async with db.acquire() as conn:
+            async with node._host._db().acquire() as conn:
                 transaction = conn.transaction()
                 await transaction.start()
                 try:
-                    await blacklist(conn, queue, type_)
+                    await blacklist(conn, node.name, type_)
                     ended = await conn.fetchval(_END_STOP_TYPE, row["seq"], row["lease_token"])
                 except BaseException:
                     await transaction.rollback()
                     raise
                 await (transaction.rollback() if ended is None else transaction.commit())
-                return ended
+            break
         except _lost(asyncpg) as err:
-            if time.monotonic() > give_up:
-                log.error("queue %r: could not end an attempt (%s)", queue, err)
-                return _GAVE_UP
+            if time.monotonic() > claimed_at + node.lease * 4:
+                log.error("queue %r: could not end an attempt (%s)", node.name, err)
+                return
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
+    node.counts_local["finished" if ended else "fenced"] += 1
+    if ended:
+        node.outcomes[Outcome.STOP_TYPE] = node.outcomes.get(Outcome.STOP_TYPE, 0) + 1

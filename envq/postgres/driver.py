@@ -559,10 +559,9 @@ class Session:
         else:
             response = {"ok": True, "result": result}
         # A call refused at once changed nothing: it is placed where the driver received
-        # it, so the moves the nodes made while it ran come after it. (Placed where it
-        # returned, an envelope that ended while a refused send ran was counted before
-        # the refusal: the live envelopes changed across a call that admitted nothing.)
-        # A call that waits (send_wait, ...) is refused for what happened meanwhile.
+        # it, so the moves the nodes made while it ran come after it (placed where it
+        # returned, an envelope that ended meanwhile changed the live envelopes across
+        # it). A call that waits (send_wait, ...) is refused for what happened meanwhile.
         placed = received if cmd in REFUSED_AT_ONCE and not response["ok"] else time.time()
         if cmd in ("quit", "reset", "hello") or self.queue_name is None:
             events: list[dict[str, Any]] = [ev for _, ev in self.pending]
@@ -575,8 +574,7 @@ class Session:
             events = [ev for _, ev in timed]
             at = sum(1 for w, _ in timed if w <= placed)
             if cmd in EFFECTIVE:
-                early = sum(1 for w, _ in timed if w <= received)
-                response["effect"] = min(at, _effect(cmd, response["ok"], events, early))
+                response["effect"] = min(at, _effect(cmd, response["ok"], timed, received))
             if stats:
                 at = len(events)
                 response["result"] = self._stats(counts)
@@ -832,14 +830,16 @@ class Session:
         await self.close()
 
 
-def _effect(cmd: str, ok: bool, events: list[dict[str, Any]], early: int) -> int:
+def _effect(cmd: str, ok: bool, timed: list[tuple[float, dict[str, Any]]], received: float) -> int:
     """How many of ``events`` came before the call ``cmd`` took effect in the database:
     before its first move where it has one (an admitted send's first admission; the
     queue's move of a start, of a stop of a running queue, of a terminate); for a
     terminate of a stopping queue, before the first move it caused (a park, a
     cancelled attempt) or the queue's next move; otherwise (a call refused, or one that
-    moved nothing) ``early``, the observations made before the driver received it."""
-    for i, ev in enumerate(events[early:], early) if ok else ():
+    moved nothing) where the driver ``received`` it (wall time): after the observations
+    made before that."""
+    early = sum(1 for wall, _ in timed if wall <= received)
+    for i, (_, ev) in enumerate(timed[early:], early) if ok else ():
         if ev["kind"] == "queue":
             mine = {
                 "start": ev["to"] == "running",

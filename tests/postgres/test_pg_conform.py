@@ -254,14 +254,18 @@ def test_a_stop_or_terminate_takes_effect_at_the_queues_move_or_its_first_cancel
     """A claim made before a stop committed (it saw the queue RUNNING) comes before the
     stop's effect; a terminate of a stopping queue takes effect at the first attempt it
     cancels; a refused call where the driver received it."""
+
+    def timed(*events: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:
+        return [(float(i), ev) for i, ev in enumerate(events)]  # wall time: its index
+
     claimed = _mv("a", "ready", "running")
     stopping = _ev("queue", **{"from": "running"}, to="stopping")
     cancelled = _mv("a", "running", "parked", "cancelled")
-    events = [_mv("z", "running", "succeeded", "ok"), claimed, stopping, cancelled]
-    assert driver._effect("stop", True, events, 1) == 2
-    assert driver._effect("terminate", True, events, 1) == 2
-    assert driver._effect("terminate", True, [claimed, cancelled], 0) == 1
-    assert driver._effect("stop", False, events, 1) == 1
-    assert driver._effect("send", True, [claimed], 0) == 0
+    events = timed(_mv("z", "running", "succeeded", "ok"), claimed, stopping, cancelled)
+    assert driver._effect("stop", True, events, 0.5) == 2
+    assert driver._effect("terminate", True, events, 0.5) == 2
+    assert driver._effect("terminate", True, timed(claimed, cancelled), -1.0) == 1
+    assert driver._effect("stop", False, events, 0.5) == 1
+    assert driver._effect("send", True, timed(claimed), -1.0) == 0
     started = _ev("queue", **{"from": "init"}, to="running")
-    assert driver._effect("start", True, [claimed, started], 0) == 1
+    assert driver._effect("start", True, timed(claimed, started), -1.0) == 1
