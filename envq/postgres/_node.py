@@ -87,6 +87,16 @@ SELECT * FROM envq.finish_and_claim($1::bigint[], $2::uuid[], $3::envq.envelope_
 """
 _RUNNING: Final = EnvState.RUNNING.value
 
+#: The keeper's due move: how many envelopes became due, and the seconds until the
+#: next DELAYED one is (None: none is).
+_DUE: Final = """
+SELECT envq.due($1) AS moved,
+       extract(epoch FROM (SELECT min(d.due_at) FROM envq.envelopes AS d
+                            WHERE d.queue = $1 AND d.state = 'delayed'
+                              AND d.due_at > clock_timestamp()) - clock_timestamp())::float8
+           AS soon
+"""
+
 #: An expired attempt's row, locked for its reaper; none when another reaper holds it
 #: (SKIP LOCKED) or the attempt ended meanwhile.
 _REAPABLE: Final = """
@@ -545,6 +555,7 @@ class Node:
         period = min(self.lease / 3, self.poll)
         listening: list[asyncio.Task[None]] = []
         while True:
+            soon: float | None = None
             listener = self._listener
             if (listener is None or listener.is_closed()) and all(t.done() for t in listening):
                 # In its own task: connecting may take long, renewals may not wait (and
@@ -554,7 +565,8 @@ class Node:
             try:
                 async with self._host._session() as conn:
                     await self._renew(conn)
-                    moved = await conn.fetchval("SELECT envq.due($1)", self.name)
+                    due = await conn.fetchrow(_DUE, self.name)
+                    moved, soon = (0, None) if due is None else (due["moved"], due["soon"])
                     if moved:
                         self._wake.set()
                     try:
@@ -570,7 +582,9 @@ class Node:
                 log.warning("queue %r: keeper round failed (%s)", self.name, error)
             except Exception:
                 log.exception("queue %r: keeper round failed", self.name)
-            await asyncio.sleep(period)
+            # Not a whole period past the next due time: a due move is late by the
+            # statement's time only.
+            await asyncio.sleep(period if soon is None else min(period, max(soon, 0.0)))
 
     async def _renew(self, db: asyncpg.Pool | _Conn) -> None:
         if not self._flights:
@@ -736,6 +750,9 @@ class Node:
                 kind, delay, failures = await self._decide(
                     w, env, row, outcome, cause, flight.claimed_at, None
                 )
+                if outcome is Outcome.STOP_TYPE and env.type:  # the ban commits with the end
+                    await end_banning(self, row, env.type, flight.claimed_at)
+                    return
             # The slot stays taken until the end commits: the envelope is RUNNING until
             # then, and a node never has more than `workers` envelopes RUNNING.
             await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
@@ -939,9 +956,7 @@ class Node:
             case Action.END | Action.SHELVE:
                 return None, 0.0, None
             case Action.BLACKLIST:
-                async with self._host._db().acquire() as conn:
-                    await blacklist(conn, self.name, env.type)
-                return None, 0.0, None
+                return None, 0.0, None  # the ban commits with the end (end_banning)
             case _:
                 assert_never(action)
 
@@ -983,3 +998,47 @@ async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
             queue,
             type_,
         )
+
+
+#: The end of a StopType attempt (as the finisher ends it), fenced by its token.
+_END_STOP_TYPE: Final = f"""
+SELECT state::text FROM envq.finish_many(
+    ARRAY[$1::bigint], ARRAY[$2::uuid],
+    ARRAY['{event_label(Outcome.STOP_TYPE)}'::envq.envelope_event],
+    ARRAY[NULL::envq.decision_kind], ARRAY[NULL::envq.cancel_cause],
+    ARRAY[0.0::float8], ARRAY[NULL::integer])
+"""
+
+
+async def end_banning(node: Node, row: Row, type_: str, claimed_at: float) -> None:
+    """End a StopType attempt and blacklist its type in one transaction (the ban's
+    moves first, as in one process), so that no attempt of the type ends as banned
+    before the attempt that banned it. Tried again while the database is away, for as
+    long as the finisher would (four leases from the claim; then a reaper ends it). If
+    the attempt's token no longer holds (a late result), nothing is done: the type is
+    not banned either."""
+    import asyncpg  # noqa: PLC0415
+
+    pause = 0.05
+    while True:
+        try:
+            async with node._host._db().acquire() as conn:
+                transaction = conn.transaction()
+                await transaction.start()
+                try:
+                    await blacklist(conn, node.name, type_)
+                    ended = await conn.fetchval(_END_STOP_TYPE, row["seq"], row["lease_token"])
+                except BaseException:
+                    await transaction.rollback()
+                    raise
+                await (transaction.rollback() if ended is None else transaction.commit())
+            break
+        except _lost(asyncpg) as err:
+            if time.monotonic() > claimed_at + node.lease * 4:
+                log.error("queue %r: could not end an attempt (%s)", node.name, err)
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+    node.counts_local["finished" if ended else "fenced"] += 1
+    if ended:
+        node.outcomes[Outcome.STOP_TYPE] = node.outcomes.get(Outcome.STOP_TYPE, 0) + 1

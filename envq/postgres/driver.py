@@ -28,7 +28,10 @@ reported before the claim that started it, nor a move before the ``on_failure``
 call that decided it; ``stats`` is answered from the same snapshot. A call's ``at``
 splits them where the call returned; a ``send``, ``start`` or ``stop`` refused (which
 changed nothing) is placed where the driver received it, so what the nodes did while
-it ran comes after it. The ways this port differs from the in-process queue on
+it ran comes after it. A ``send``, ``start``, ``stop`` or ``terminate`` also says
+where it took effect in the database (``effect``, see :func:`_effect`): the nodes go
+on between two commands, and the call is judged by the queue as what they did before
+it took effect left it. The ways this port differs from the in-process queue on
 purpose are declared in ``hello`` (:data:`DIVERGENCES`, explained in
 ``docs/postgres.md``, section "Conformance").
 """
@@ -138,6 +141,10 @@ DIVERGENCES: Final[tuple[dict[str, Any], ...]] = (
 #: The calls that, refused, are refused at once and change nothing: their ``at`` is
 #: where the driver received them (see :meth:`Session.handle`).
 REFUSED_AT_ONCE: Final = frozenset({"send", "start", "stop"})
+
+#: The calls whose answer carries ``effect``: where, among the observations, the call
+#: took effect in the database (see :func:`_effect`).
+EFFECTIVE: Final = frozenset({"send", "start", "stop", "terminate"})
 
 #: Real seconds the driver lets pass after a command for the nodes to settle, as a
 #: share of one model second (the smallest duration the harness generates is 1).
@@ -552,10 +559,9 @@ class Session:
         else:
             response = {"ok": True, "result": result}
         # A call refused at once changed nothing: it is placed where the driver received
-        # it, so the moves the nodes made while it ran come after it. (Placed where it
-        # returned, an envelope that ended while a refused send ran was counted before
-        # the refusal: the live envelopes changed across a call that admitted nothing.)
-        # A call that waits (send_wait, ...) is refused for what happened meanwhile.
+        # it, so the moves the nodes made while it ran come after it (placed where it
+        # returned, an envelope that ended meanwhile changed the live envelopes across
+        # it). A call that waits (send_wait, ...) is refused for what happened meanwhile.
         placed = received if cmd in REFUSED_AT_ONCE and not response["ok"] else time.time()
         if cmd in ("quit", "reset", "hello") or self.queue_name is None:
             events: list[dict[str, Any]] = [ev for _, ev in self.pending]
@@ -567,6 +573,8 @@ class Session:
             timed, counts = await self.collect(stats=stats)
             events = [ev for _, ev in timed]
             at = sum(1 for w, _ in timed if w <= placed)
+            if cmd in EFFECTIVE:
+                response["effect"] = min(at, _effect(cmd, response["ok"], timed, received))
             if stats:
                 at = len(events)
                 response["result"] = self._stats(counts)
@@ -820,6 +828,35 @@ class Session:
     async def cmd_quit(self, command: dict[str, Any]) -> None:
         """End the session."""
         await self.close()
+
+
+def _effect(cmd: str, ok: bool, timed: list[tuple[float, dict[str, Any]]], received: float) -> int:
+    """How many of ``events`` came before the call ``cmd`` took effect in the database:
+    before its first move where it has one (an admitted send's first admission; the
+    queue's move of a start, of a stop of a running queue, of a terminate); for a
+    terminate of a stopping queue, before the first move it caused (a park, a
+    cancelled attempt) or the queue's next move; otherwise (a call refused, or one that
+    moved nothing) where the driver ``received`` it (wall time): after the observations
+    made before that."""
+    early = sum(1 for wall, _ in timed if wall <= received)
+    for i, (_, ev) in enumerate(timed[early:], early) if ok else ():
+        if ev["kind"] == "queue":
+            mine = {
+                "start": ev["to"] == "running",
+                "stop": ev["from"] == "running",
+                "terminate": True,
+            }
+            if mine.get(cmd, False):
+                return i
+        elif ev["kind"] == "move":
+            if cmd == "send" and ev["from"] == "new":
+                return i
+            caused = ev["outcome"] == "cancelled" or (
+                ev["outcome"] is None and ev["to"] in ("parked", "returned")
+            )
+            if cmd == "terminate" and caused:
+                return i
+    return early
 
 
 def _report(
