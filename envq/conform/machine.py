@@ -12,8 +12,9 @@ under way is kept in :attr:`Recorder.harness`, and its command log is the script
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, TypeAlias
 
 import attrs
 from hypothesis import strategies as st
@@ -38,6 +39,9 @@ from envq.conform.transport import Driver, DriverCrashed
 __all__ = ["DriverFailed", "Recorder", "make_machine"]
 
 QS = QueueState
+
+#: A rule's body: the machine, and the rule's drawn arguments by name.
+_Step: TypeAlias = Callable[..., None]
 
 
 class DriverFailed(BaseException):
@@ -101,6 +105,26 @@ def make_machine(
     has = profile.has
     ignored = frozenset(ignore)
 
+    def only_if(condition: Callable[[Any], bool]) -> Callable[[_Step], _Step]:
+        """A rule that applies only in some states of the queue. On a virtual clock,
+        a precondition. On the real clock the state after a step depends on timing as
+        well as on the steps, and Hypothesis requires that the same choices lead to the
+        same draws (it stops a run whose draws differ on the same path: a precondition
+        that held the first time and not the next changes which rules are drawn); there
+        the rule is always drawn and does nothing when the state does not fit."""
+        if not profile.real_clock:
+            return precondition(condition)
+
+        def checked(step: _Step) -> _Step:
+            @functools.wraps(step)
+            def when_it_applies(self: Any, **arguments: Any) -> None:
+                if condition(self):
+                    step(self, **arguments)
+
+            return when_it_applies
+
+        return checked
+
     class ConformMachine(RuleBasedStateMachine):
         """Drives one port's queue beside the oracle."""
 
@@ -160,14 +184,14 @@ def make_machine(
             self.h.send(names)
             return multiple(*names)
 
-        @precondition(lambda self: self.h.oracle.life is QS.TERMINATED)
         @rule()
+        @only_if(lambda self: self.h.oracle.life is QS.TERMINATED)
         def renew(self) -> None:
             """A new queue (same configuration) replaces a terminated one."""
             self.h.queue(self.h.oracle.config)
 
-        @precondition(lambda self: has("restart") or self.h.oracle.life is not QS.STOPPED)
         @rule()
+        @only_if(lambda self: has("restart") or self.h.oracle.life is not QS.STOPPED)
         def start(self) -> None:
             """``start()``."""
             self.h.start()
@@ -177,24 +201,24 @@ def make_machine(
             """``stop(mode, cancel, wait)``."""
             self.h.stop(call)
 
-        @precondition(
+        @rule(call=profile.stop_calls())
+        @only_if(
             lambda self: (
                 self.h.oracle.life is QS.RUNNING and bool(self.h.oracle.in_state(EnvState.RUNNING))
             )
         )
-        @rule(call=profile.stop_calls())
         def stop_while_busy(self, call: StopCall) -> None:
             """``stop()`` with attempts in flight (the cells random timing rarely reaches)."""
             self.h.stop(call)
 
-        @precondition(lambda self: self.h.oracle.life in (QS.STOPPING, QS.STOPPED, QS.TERMINATED))
         @rule()
+        @only_if(lambda self: self.h.oracle.life in (QS.STOPPING, QS.STOPPED, QS.TERMINATED))
         def wait_stopped(self) -> None:
             """``wait_stopped()``."""
             self.h.wait_stopped()
 
-        @precondition(lambda self: has("terminate_handback") or not self.h.oracle.blocked())
         @rule()
+        @only_if(lambda self: has("terminate_handback") or not self.h.oracle.blocked())
         def terminate(self) -> None:
             """``terminate()``."""
             self.h.terminate()
@@ -240,8 +264,8 @@ def make_machine(
                 """Send an envelope to the second queue."""
                 self.h.lend(env)
 
-            @precondition(lambda self: bool(self.h.oracle.lent))
             @rule()
+            @only_if(lambda self: bool(self.h.oracle.lent))
             def reclaim(self) -> None:
                 """Terminate the second queue."""
                 self.h.reclaim()
@@ -251,8 +275,8 @@ def make_machine(
             """Choose what a later attempt of this envelope does."""
             self.h.plan(env, plan)
 
-        @precondition(lambda self: bool(self.h.oracle.hanging()))
         @rule(index=st.integers(0, 3), then=profile.releases())
+        @only_if(lambda self: bool(self.h.oracle.hanging()))
         def release(self, index: int, then: Plan) -> None:
             """Let a hanging attempt finish with the given plan."""
             hanging = self.h.oracle.hanging()

@@ -11,6 +11,7 @@ call's own.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from envq.conform.harness import Harness
 from envq.conform.oracle import Violation
 from envq.conform.protocol import EnvSpec, Plan, QueueConfig, StopCall
+from envq.conform.runner import Options, run
 from envq.conform.transport import InProcessDriver
 from envq.driver import Session
 
@@ -139,3 +141,32 @@ class TestEffect:
 
         with pytest.raises(Violation, match="e2: admitted without a send"):
             _send_after_an_end(Early(report_effect=True))
+
+
+class Jittery(Lagging):
+    """A port on the "real clock": before some commands a random stretch of model time
+    passes (as between two answers on a real clock), differently every time the same
+    commands are sent, so the same steps leave the queue in different states."""
+
+    COMMANDS = frozenset({"start", "send", "send_wait", "stop", "terminate", "stats", "advance"})
+
+    def __init__(self) -> None:
+        super().__init__(report_effect=True)
+        self.jitter = random.SystemRandom()
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        if command["cmd"] in self.COMMANDS and self.jitter.random() < 0.3:
+            self.lag = self.jitter.choice((0.5, 1.0, 2.5))
+        response = super().call(command)
+        if command["cmd"] == "hello":
+            response["result"]["clock"] = "real"
+        return response
+
+
+def test_a_port_whose_timing_varies_is_checked_for_every_example() -> None:
+    """Hypothesis stops a run whose draws differ along the same choices; on the real
+    clock the rules that apply only in some states must not change what is drawn."""
+    result = run(Jittery, Options(examples=60, steps=30))
+    assert result.error is None, result.error
+    assert not [f for f in result.findings if not f.declared], result.findings
+    assert result.steps >= 60 * 10
