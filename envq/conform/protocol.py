@@ -69,14 +69,22 @@ FEATURES: Final[Mapping[str, str]] = {
     "dedup": "re-sending a live envelope is deduplicated",
     "foreign": "an envelope live in a second queue is refused",
     "leases": "an attempt holds a lease; another process reaps it when it expires (expired)",
+    "late_cancel": (
+        "a stop with cancel, a terminate or a type's ban reaches an attempt running in"
+        " another process within `cancel_latency` model seconds (in hello's answer): an"
+        " attempt whose deadline falls before the cancel reached it may end TIMEOUT"
+        " rather than CANCELLED, and one ending that soon after its type's ban may have"
+        " had its on_failure called"
+    ),
 }
 
-#: The features only a queue whose store several processes share can have. An
+#: The features only a queue whose store several processes share can have (its
+#: processes learn of a lease reaped, or of a cancel, from the store). An
 #: in-process port (envq's reference driver, envq's own stateful tests) declares every
 #: feature but these. The harness generates nothing for them: no plan makes a lease
 #: expire, so an ``expired`` outcome is never scripted, only reported by a port that
 #: declares ``leases`` (another of its processes reaped the attempt).
-SHARED_STORE_FEATURES: Final[frozenset[str]] = frozenset({"leases"})
+SHARED_STORE_FEATURES: Final[frozenset[str]] = frozenset({"leases", "late_cancel"})
 
 
 #: The protocol's names for what a call raises (language-neutral; envq's class names

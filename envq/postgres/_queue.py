@@ -574,6 +574,16 @@ class PgQueue:
             )
             if state != QueueState.STOPPING.value:
                 return
+            # An attempt's end that read the queue RUNNING, and committed after the stop
+            # moved the envelopes, left its envelope where a running queue puts it
+            # (DELAYED, READY): the stop's moves are applied to it now, as the stop
+            # applied them to the others, before the stop may end.
+            for event in BROADCASTS[LifeAction.BEGIN_STOP]:
+                await conn.execute(
+                    "SELECT envq.broadcast($1, $2::envq.envelope_event)",
+                    self.name,
+                    event_label(event),
+                )
             busy = await conn.fetchval(
                 "SELECT EXISTS (SELECT FROM envq.envelopes WHERE queue = $1"
                 " AND state IN ('ready', 'running'))",
@@ -655,71 +665,12 @@ class PgQueue:
         admitted, xid = -1, ""
         try:
             async with self._session() as conn, conn.transaction():
-                admitted, xid = await self._admit(conn, rows)
+                admitted, xid, self.capacity = await _admit(conn, self.name, rows)
         except _lost(asyncpg):
             if admitted < 0:
                 raise  # lost before COMMIT: the server rolls the transaction back
             raise CommitUnheard(xid, admitted) from None
         return admitted
-
-    async def _admit(self, conn: _Conn, rows: Sequence[Encoded]) -> tuple[int, str]:
-        """The statements of a send, in its transaction: the number of rows inserted,
-        and the transaction's id."""
-        found = await conn.fetchrow(
-            "SELECT state, blacklist, capacity,"
-            " extract(epoch FROM clock_timestamp())::float8 AS now"
-            " FROM envq.queues WHERE name = $1 FOR SHARE",
-            self.name,
-        )
-        if found is None:
-            raise QueueNotRunning(f"queue {self.name!r} does not exist")
-        state = QueueState(found["state"])
-        row = LIFECYCLE[(state, QueueCall.SEND)]
-        if row.action is LifeAction.REJECT:
-            assert row.error is not None
-            raise row.error(f"queue {self.name!r} is {state.value}: send is rejected")
-        banned = set(found["blacklist"])
-        for enc in rows:
-            if enc.type and enc.type in banned:
-                raise TypeBlacklisted(f"queue {self.name!r}: type {enc.type!r} is blacklisted")
-        # The queue's capacity, as its row says now.
-        capacity = self.capacity = found["capacity"]
-        if capacity:
-            await check_room(conn, self.name, rows, capacity)
-        arrival = _ARRIVAL[row.action]
-        if arrival is Arrival.NOW:  # a calendar's first run: its first fire from now on
-            rows = [first_wait(enc, found["now"]) for enc in rows]
-        states = [
-            _SEND_TARGETS[
-                Arrival.LATER if arrival is Arrival.NOW and enc.delay > 0 else arrival
-            ].value
-            for enc in rows
-        ]
-        status = await conn.execute(
-            _INSERT,
-            self.name,
-            [e.id for e in rows],
-            [e.type for e in rows],
-            [e.invoke for e in rows],
-            [e.payload for e in rows],
-            [(Kind.PERIODIC if e.periodic else Kind.ONE_OFF).value for e in rows],
-            states,
-            [e.interval for e in rows],
-            [e.schedule for e in rows],
-            [e.deadline for e in rows],
-            [e.hooks[0] for e in rows],
-            [e.hooks[1] for e in rows],
-            [e.hooks[2] for e in rows],
-            [e.hooks[3] for e in rows],
-            [e.retry for e in rows],
-            [e.delay for e in rows],
-            [e.cron for e in rows],
-            [e.cron_tz for e in rows],
-        )
-        xid = await conn.fetchval(
-            "SELECT pg_current_xact_id()::text FROM pg_notify($1, $2)", CHANNEL, self.name
-        )
-        return int(status.rsplit(" ", 1)[-1]), str(xid)
 
     @on_its_loop
     async def send_wait(
@@ -780,6 +731,63 @@ class PgQueue:
             self.name,
         )
         return {r[0]: r[1] for r in rows}
+
+
+async def _admit(conn: _Conn, name: str, rows: Sequence[Encoded]) -> tuple[int, str, int]:
+    """The statements of a send, in its transaction: the number of rows inserted, the
+    transaction's id, and the queue's capacity as its row says now."""
+    found = await conn.fetchrow(
+        "SELECT state, blacklist, capacity,"
+        " extract(epoch FROM clock_timestamp())::float8 AS now"
+        " FROM envq.queues WHERE name = $1 FOR SHARE",
+        name,
+    )
+    if found is None:
+        raise QueueNotRunning(f"queue {name!r} does not exist")
+    state = QueueState(found["state"])
+    row = LIFECYCLE[(state, QueueCall.SEND)]
+    if row.action is LifeAction.REJECT:
+        assert row.error is not None
+        raise row.error(f"queue {name!r} is {state.value}: send is rejected")
+    banned = set(found["blacklist"])
+    for enc in rows:
+        if enc.type and enc.type in banned:
+            raise TypeBlacklisted(f"queue {name!r}: type {enc.type!r} is blacklisted")
+    capacity = found["capacity"]
+    if capacity:
+        await check_room(conn, name, rows, capacity)
+    arrival = _ARRIVAL[row.action]
+    if arrival is Arrival.NOW:  # a calendar's first run: its first fire from now on
+        rows = [first_wait(enc, found["now"]) for enc in rows]
+    states = [
+        _SEND_TARGETS[Arrival.LATER if arrival is Arrival.NOW and enc.delay > 0 else arrival].value
+        for enc in rows
+    ]
+    status = await conn.execute(
+        _INSERT,
+        name,
+        [e.id for e in rows],
+        [e.type for e in rows],
+        [e.invoke for e in rows],
+        [e.payload for e in rows],
+        [(Kind.PERIODIC if e.periodic else Kind.ONE_OFF).value for e in rows],
+        states,
+        [e.interval for e in rows],
+        [e.schedule for e in rows],
+        [e.deadline for e in rows],
+        [e.hooks[0] for e in rows],
+        [e.hooks[1] for e in rows],
+        [e.hooks[2] for e in rows],
+        [e.hooks[3] for e in rows],
+        [e.retry for e in rows],
+        [e.delay for e in rows],
+        [e.cron for e in rows],
+        [e.cron_tz for e in rows],
+    )
+    xid = await conn.fetchval(
+        "SELECT pg_current_xact_id()::text FROM pg_notify($1, $2)", CHANNEL, name
+    )
+    return int(status.rsplit(" ", 1)[-1]), str(xid), capacity
 
 
 async def _hand_back(name: str, db: asyncpg.Pool) -> list[Envelope]:

@@ -99,6 +99,7 @@ FEATURES: Final = (
     "stop_modes",
     "stop_type",
     "terminate_handback",
+    "late_cancel",
 )
 
 _DOCS: Final = "docs/postgres.md#conformance"
@@ -153,6 +154,13 @@ SETTLE_SHARE: Final = 0.1
 SETTLE_MAX: Final = 0.5
 
 log = logging.getLogger("envq.postgres.driver")
+
+
+def real_poll(scale: float) -> float:
+    """The nodes' poll in real seconds: a tenth of a model second, 5 to 50 ms. A node's
+    keeper sees a stop's cancel at its next round and acts in that round: a cancel
+    reaches an attempt within two polls of its commit (``cancel_latency``)."""
+    return max(0.005, min(0.05, 0.1 * scale))
 
 
 def share(workers: int, nodes: int) -> list[int]:
@@ -252,9 +260,7 @@ class Session:
         self.scripts: dict[str, collections.deque[Plan]] = {}
         self.gates: dict[str, tuple[asyncio.Event, list[Plan]]] = {}
         #: What the attempts of each envelope raised: (wall time, cause name).
-        self.raised: collections.defaultdict[str, list[tuple[float, str]]] = (
-            collections.defaultdict(list)
-        )
+        self.raised: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
         #: In-process observations not yet reported: (wall time, observation).
         self.pending: list[tuple[float, dict[str, Any]]] = []
         #: Journal rows already reported (their ``n``).
@@ -623,6 +629,7 @@ class Session:
             "clock": "real",
             "features": list(FEATURES),
             "divergences": [dict(d) for d in DIVERGENCES],
+            "cancel_latency": 2 * real_poll(self.scale) / self.scale,
         }
 
     async def cmd_queue(self, command: dict[str, Any]) -> None:
@@ -643,7 +650,7 @@ class Session:
         self.last_report = _report([], [], [], complete=False)
         self.states.clear()
         self.by_seq.clear()
-        poll = max(0.005, min(0.05, self.real(0.1)))
+        poll = real_poll(self.scale)
         self.nodes = [
             PgQueue(
                 self.dsn,

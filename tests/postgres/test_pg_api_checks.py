@@ -26,6 +26,7 @@ from pg_support import create_database
 import envq
 from envq._errors import BadEnvelopeType
 from envq.postgres import AdmissionUnknown, PgQueue, StoreUnavailable
+from envq.postgres import _queue as queue_module
 from envq.postgres import node as node_command
 from envq.postgres._edges import committed
 from envq.postgres._server import ThrowawayServer
@@ -265,10 +266,10 @@ def _lose_send_commits(
 ) -> None:
     """Make the COMMIT of ``q``'s sends go through ``cut(connection, commit)``, which
     loses the connection around the real commit."""
-    admit = PgQueue._admit
+    admit = queue_module._admit
 
-    async def admitting(self: PgQueue, conn: Any, rows: Any) -> tuple[int, str]:
-        found = await admit(self, conn, rows)
+    async def admitting(conn: Any, name: str, rows: Any) -> tuple[int, str, int]:
+        found = await admit(conn, name, rows)
         _SENDING.set(True)  # the send's task commits next
         return found
 
@@ -281,7 +282,7 @@ def _lose_send_commits(
         _SENDING.set(False)
         await cut(tx._connection, lambda: real(tx))
 
-    monkeypatch.setattr(PgQueue, "_admit", admitting)
+    monkeypatch.setattr(queue_module, "_admit", admitting)
     monkeypatch.setattr(asyncpg.transaction.Transaction, "_Transaction__commit", commit)
 
 

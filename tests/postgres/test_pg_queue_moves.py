@@ -213,3 +213,31 @@ async def test_a_resend_while_its_attempt_ends_is_counted_once(pg_dsn: str) -> N
         finally:
             q._pool = db
         assert await _states(q) == {"ready": 2, "succeeded": 1}
+
+
+@pytest.mark.parametrize(("mode", "parked"), [("stop", 1), ("drain", 1)])
+async def test_an_end_that_read_the_queue_running_is_parked_before_the_stop_ends(
+    pg_dsn: str, mode: str, parked: int
+) -> None:
+    """An attempt's end reads the queue RUNNING and commits after a stop moved the
+    envelopes: its envelope, DELAYED for a retry, is parked before the queue may be
+    STOPPED (not left DELAYED in a stopped queue)."""
+    async with PgQueue(pg_dsn, _name(), workers=0) as q:
+        db = q._db()
+        await q.start()
+        await q.send(envq.Envelope(invoke=invoke, id="a"))
+        claimed = await db.fetchrow("SELECT * FROM envq.claim($1, 'tester', 1, '1 hour')", q.name)
+        assert claimed is not None
+        async with db.acquire() as ending, ending.transaction():
+            ended = await ending.fetchval(
+                "SELECT envq.finish($1, $2, 'attempt_error', 'retry_after', NULL, false,"
+                " clock_timestamp() + interval '1 hour')",
+                claimed["seq"],
+                claimed["lease_token"],
+            )
+            assert ended == "delayed"  # read RUNNING; not committed yet
+            await q.stop(envq.StopMode(mode), wait=False)
+        assert await _states(q) == {"delayed": 1}  # committed after the stop's moves
+        await q.wait_stopped()
+        assert await q.state() is envq.QueueState.STOPPED
+        assert await _states(q) == {"parked": parked}
