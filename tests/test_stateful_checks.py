@@ -27,7 +27,6 @@ from envq._machine import (
     EnvEvent,
     Kind,
     OutcomeRow,
-    QueueCall,
 )
 from envq.conform.oracle import (
     Oracle,
@@ -37,6 +36,7 @@ from envq.conform.oracle import Violation as OracleViolation
 from envq.conform.protocol import SLOW_SECONDS
 from envq.conform.runner import _without_source_constants
 from tests.conform.faulty_drivers import DoubleCount, PeriodicAfterStop
+from tests.conform.oracles import running_oracle
 from tests.test_stateful import (
     EPS,
     ES,
@@ -202,17 +202,7 @@ def test_generated_runs_find_a_wrong_table_row(monkeypatch: pytest.MonkeyPatch) 
 
 def _running_oracle(spec: EnvSpec) -> Oracle:
     """An oracle that has seen a started queue admit envelope ``a`` and start running it."""
-    oracle = Oracle(tolerance=EPS)
-    oracle.define("a", spec)
-    oracle.calling = QueueCall.START
-    oracle.observe([{"t": 0.0, "kind": "queue", "from": "init", "to": "running"}])
-    oracle.calling = None
-    oracle.admitting = {"a"}
-    move = {"t": 0.0, "kind": "move", "env": "a", "outcome": None, "cause": None}
-    oracle.observe(
-        [{**move, "from": "new", "to": "ready"}, {**move, "from": "ready", "to": "running"}]
-    )
-    return oracle
+    return running_oracle(spec, invoke=None, tolerance=EPS)
 
 
 def test_oracle_rejects_a_second_invoke_of_one_attempt() -> None:

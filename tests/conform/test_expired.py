@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from envq._machine import CancelCause, EnvState, Outcome, QueueCall, QueueState
+from envq._machine import CancelCause, EnvState, Outcome, QueueState
 from envq.conform import strategies
 from envq.conform.harness import Harness, replay
 from envq.conform.oracle import Oracle, Violation, expected_target
@@ -25,27 +25,14 @@ from envq.conform.protocol import (
 from envq.conform.runner import Options, report, run
 from envq.conform.transport import InProcessDriver
 from envq.driver import Session
+from tests.conform.oracles import running_oracle
 
 ES = EnvState
 
 
 def _hanging(spec: EnvSpec, *, leases: bool = True) -> Oracle:
     """An oracle that has seen a started queue run envelope ``a``, its attempt hanging."""
-    oracle = Oracle(leases=leases)
-    oracle.define("a", spec)
-    oracle.calling = QueueCall.START
-    oracle.observe([{"t": 0.0, "kind": "queue", "from": "init", "to": "running"}])
-    oracle.calling = None
-    oracle.admitting = {"a"}
-    move = {"t": 0.0, "kind": "move", "env": "a", "outcome": None, "cause": None}
-    oracle.observe(
-        [
-            {**move, "from": "new", "to": "ready"},
-            {**move, "from": "ready", "to": "running"},
-            {"t": 0.0, "kind": "invoke", "env": "a", "plan": "hang"},
-        ]
-    )
-    return oracle
+    return running_oracle(spec, leases=leases)
 
 
 def _expired(t: float, to: str, cause: str | None = EXPIRED_CAUSE) -> dict[str, Any]:

@@ -16,27 +16,15 @@ from envq._machine import CancelCause, EnvState, QueueCall
 from envq.conform.harness import shape_problem
 from envq.conform.oracle import Oracle, Violation
 from envq.conform.protocol import SHARED_STORE_FEATURES, EnvSpec, Plan, Policy, QueueConfig
+from tests.conform.oracles import running_oracle
 
 DEADLINE = 1.0
 
 
 def _hanging_attempt(latency: float) -> Oracle:
     """An oracle that has seen envelope ``a`` (deadline 1, hangs) start at 0."""
-    oracle = Oracle(tolerance=1e-6, cancel_latency=latency)
-    oracle.define("a", EnvSpec(deadline=DEADLINE, then=Plan.HANG))
-    oracle.calling = QueueCall.START
-    oracle.observe([{"t": 0.0, "kind": "queue", "from": "init", "to": "running"}])
-    oracle.calling = None
-    oracle.admitting = {"a"}
-    move = {"t": 0.0, "kind": "move", "env": "a", "outcome": None, "cause": None}
-    oracle.observe(
-        [
-            {**move, "from": "new", "to": "ready"},
-            {**move, "from": "ready", "to": "running"},
-            {"t": 0.0, "kind": "invoke", "env": "a", "plan": "hang"},
-        ]
-    )
-    return oracle
+    spec = EnvSpec(deadline=DEADLINE, then=Plan.HANG)
+    return running_oracle(spec, tolerance=1e-6, cancel_latency=latency)
 
 
 def _cancel_asked_at(oracle: Oracle, at: float) -> None:

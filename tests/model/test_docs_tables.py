@@ -281,11 +281,25 @@ class TestApiPage:
         missing = [name for name in envq.__all__ if f"envq.{name}" not in documented]
         assert missing == [], f"add to docs/api.md: {missing}"
 
+    def test_every_public_name_of_the_postgres_queue_has_a_block(self) -> None:
+        """Each name of ``envq.postgres.__all__`` has a ``::: envq.postgres.NAME`` block."""
+        import envq.postgres  # noqa: PLC0415
+
+        documented = set(self.BLOCK.findall((DOCS / "api.md").read_text(encoding="utf-8")))
+        missing = [n for n in envq.postgres.__all__ if f"envq.postgres.{n}" not in documented]
+        assert missing == [], f"add to docs/api.md: {missing}"
+
     def test_every_block_names_something_public(self) -> None:
-        """Each ``::: envq.NAME`` block names a public name (or a public module)."""
+        """Each ``::: envq.NAME`` block names a public name (or a public module), and
+        each ``::: envq.postgres.NAME`` one of ``envq.postgres``."""
+        import envq.postgres  # noqa: PLC0415
+
         for target in self.BLOCK.findall((DOCS / "api.md").read_text(encoding="utf-8")):
             module, _, name = target.partition(".")
             assert module == "envq", target
+            if name.startswith("postgres."):
+                assert name.removeprefix("postgres.") in envq.postgres.__all__, target
+                continue
             assert name in envq.__all__ or name in {"testing", "pytest_plugin"}, target
 
 

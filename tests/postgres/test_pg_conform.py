@@ -9,9 +9,11 @@ driver crashes or breaks the protocol.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,21 @@ async def test_a_refused_send_comes_before_what_the_nodes_did_while_it_ran(pg_ds
         driver._ACTIVE.clear()
 
 
+@contextlib.asynccontextmanager
+async def _session(pg_dsn: str, *commands: dict[str, Any]) -> AsyncIterator[driver.Session]:
+    """A driver session on one node, after ``commands`` (each answered ok)."""
+    session = driver.Session(pg_dsn, 1)
+    driver._ACTIVE[:] = [session]
+    await session.open()
+    try:
+        for command in commands:
+            assert (await session.handle(command))["ok"]
+        yield session
+    finally:
+        await session.close()
+        driver._ACTIVE.clear()
+
+
 @pytest.mark.real_clock
 async def test_a_move_that_saw_the_queue_running_comes_before_a_stop_it_raced(
     pg_dsn: str,
@@ -124,16 +141,12 @@ async def test_a_move_that_saw_the_queue_running_comes_before_a_stop_it_raced(
     written after the stop's. The due move is reported before the stop."""
     import asyncpg  # noqa: PLC0415
 
-    session = driver.Session(pg_dsn, 1)
-    driver._ACTIVE[:] = [session]
-    await session.open()
-    try:
-        for command in (
-            {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
-            {"cmd": "queue", "workers": 1, "stop_mode": "drain"},
-            {"cmd": "define", "env": "a", "spec": {"delay": 100.0}},
-        ):
-            assert (await session.handle(command))["ok"]
+    async with _session(
+        pg_dsn,
+        {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
+        {"cmd": "queue", "workers": 1, "stop_mode": "drain"},
+        {"cmd": "define", "env": "a", "spec": {"delay": 100.0}},
+    ) as session:
         name = session.queue_name
         db = session._pool()
         # The queue runs, served by no node: the moves below are made by hand.
@@ -158,25 +171,18 @@ async def test_a_move_that_saw_the_queue_running_comes_before_a_stop_it_raced(
         response = await session.handle({"cmd": "stats"})
         moves = [(ev.get("from"), ev["to"]) for ev in response["events"]]
         assert moves.index(("delayed", "ready")) < moves.index(("running", "stopping"))
-    finally:
-        await session.close()
-        driver._ACTIVE.clear()
 
 
 @pytest.mark.real_clock
 async def test_stats_wait_for_a_stop_with_nothing_in_flight_to_end(pg_dsn: str) -> None:
     """A stop with nothing READY or RUNNING is ended by a node's keeper at its next
     round, not at once: the statistics wait for it (a settled queue)."""
-    session = driver.Session(pg_dsn, 1)
-    driver._ACTIVE[:] = [session]
-    await session.open()
-    try:
-        for command in (
-            {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
-            {"cmd": "queue", "workers": 1},
-            {"cmd": "start"},
-        ):
-            assert (await session.handle(command))["ok"]
+    async with _session(
+        pg_dsn,
+        {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
+        {"cmd": "queue", "workers": 1},
+        {"cmd": "start"},
+    ) as session:
         node = session.nodes[0]
         drained = node._try_drained
 
@@ -193,9 +199,6 @@ async def test_stats_wait_for_a_stop_with_nothing_in_flight_to_end(pg_dsn: str) 
         assert response["result"]["state"] == "stopped"
         moves = [(ev["from"], ev["to"]) for ev in response["events"] if ev["kind"] == "queue"]
         assert moves == [("running", "stopping"), ("stopping", "stopped")]
-    finally:
-        await session.close()
-        driver._ACTIVE.clear()
 
 
 @pytest.mark.real_clock
@@ -203,19 +206,15 @@ async def test_an_admitted_send_takes_effect_after_the_end_that_made_room(pg_dsn
     """The queue is full (``a`` runs, capacity 1) when the harness sends ``b``; ``a``
     ends before the send reaches the database, so ``b`` is admitted. The answer's
     ``effect`` places the end of ``a`` before the call, and ``b``'s admission after."""
-    session = driver.Session(pg_dsn, 1)
-    driver._ACTIVE[:] = [session]
-    await session.open()
-    try:
-        for command in (
-            {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
-            {"cmd": "queue", "workers": 1, "capacity": 1},
-            {"cmd": "define", "env": "a", "spec": {"script": ["hang"]}},
-            {"cmd": "define", "env": "b", "spec": {"delay": 100.0}},
-            {"cmd": "start"},
-            {"cmd": "send", "envs": ["a"]},
-        ):
-            assert (await session.handle(command))["ok"]
+    async with _session(
+        pg_dsn,
+        {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
+        {"cmd": "queue", "workers": 1, "capacity": 1},
+        {"cmd": "define", "env": "a", "spec": {"script": ["hang"]}},
+        {"cmd": "define", "env": "b", "spec": {"delay": 100.0}},
+        {"cmd": "start"},
+        {"cmd": "send", "envs": ["a"]},
+    ) as session:
         async with asyncio.timeout(10):
             while "a" not in session.gates:  # noqa: ASYNC110 - set by the node's attempt
                 await asyncio.sleep(0.005)
@@ -237,9 +236,6 @@ async def test_an_admitted_send_takes_effect_after_the_end_that_made_room(pg_dsn
         moves = [(ev.get("env"), ev["to"]) for ev in response["events"]]
         assert moves.index(("a", "succeeded")) < response["effect"]
         assert response["effect"] == moves.index(("b", "delayed")) < response["at"]
-    finally:
-        await session.close()
-        driver._ACTIVE.clear()
 
 
 def _ev(kind: str, **fields: Any) -> dict[str, Any]:
