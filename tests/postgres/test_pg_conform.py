@@ -83,9 +83,7 @@ async def test_a_refused_send_comes_before_what_the_nodes_did_while_it_ran(pg_ds
         await call(cmd="define", env="b", spec={})
         await call(cmd="start")
         await call(cmd="send", envs=["a"])
-        async with asyncio.timeout(10):
-            while "a" not in session.gates:  # noqa: ASYNC110 - set by the node's attempt
-                await asyncio.sleep(0.005)
+        await _hanging(session, "a")
         node = session.nodes[0]
         refuse = node.send
         db = session._pool()
@@ -115,6 +113,13 @@ async def test_a_refused_send_comes_before_what_the_nodes_did_while_it_ran(pg_ds
     finally:
         await session.close()
         driver._ACTIVE.clear()
+
+
+async def _hanging(session: driver.Session, name: str) -> None:
+    """Wait (at most 10 s) until a node's attempt of ``name`` hangs at its gate."""
+    async with asyncio.timeout(10):
+        while name not in session.gates:  # noqa: ASYNC110 - set by the node's attempt
+            await asyncio.sleep(0.005)
 
 
 @contextlib.asynccontextmanager
@@ -215,9 +220,7 @@ async def test_an_admitted_send_takes_effect_after_the_end_that_made_room(pg_dsn
         {"cmd": "start"},
         {"cmd": "send", "envs": ["a"]},
     ) as session:
-        async with asyncio.timeout(10):
-            while "a" not in session.gates:  # noqa: ASYNC110 - set by the node's attempt
-                await asyncio.sleep(0.005)
+        await _hanging(session, "a")
         node = session.nodes[0]
         admit = node.send
         db = session._pool()
