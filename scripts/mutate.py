@@ -106,6 +106,9 @@ FIRST: Final = (
     "test_periodic.py",
     "test_events.py",
 )
+#: Test folders run last in the second stage: their tests start servers and driver
+#: processes (minutes in all), and the engine's own tests kill most mutants first.
+LAST: Final = ("postgres", "conform")
 #: The tables mutated, in report order. ``ILLEGAL_LIFECYCLE`` is not here: the runtime
 #: never reads it (it only documents the pairs missing from ``LIFECYCLE`` on purpose).
 TABLES: Final = (
@@ -648,21 +651,29 @@ class Runner:
         env = {**self.env, ENV_VAR: json.dumps(None)}
         subprocess.run(cmd, cwd=self.copy, env=env, capture_output=True, check=False)
 
-    def run(self, mutant: Mutant | None) -> Result[Mutant]:
-        """Run a table mutant (the plugin applies its spec); None: the unmutated suite."""
+    def run(self, mutant: Mutant | None, stages: int | None = None) -> Result[Mutant]:
+        """Run a table mutant (the plugin applies its spec); None: the unmutated suite
+        (its first ``stages`` stages, all when None)."""
         if mutant is None:
-            return self.staged(UNMUTATED, None, None)
+            return self.staged(UNMUTATED, None, None, stages)
         return self.staged(mutant, dict(mutant.spec), contextlib.nullcontext)
 
-    def staged(self, mutant: M, spec: Mapping[str, Any] | None, clean: Clean | None) -> Result[M]:
-        """Run the stages against ``mutant`` (``spec``: the plugin's table patch, if any)
-        until one fails. Without ``clean`` nothing is confirmed (the unmutated suite);
-        with it, a kill by a later stage is confirmed: the killing test alone fails
-        again, and passes with no spec while ``clean()`` is entered (for a source
-        mutant: the original source put back meanwhile)."""
+    def staged(
+        self,
+        mutant: M,
+        spec: Mapping[str, Any] | None,
+        clean: Clean | None,
+        stages: int | None = None,
+    ) -> Result[M]:
+        """Run the stages (the first ``stages`` of them, all when None) against
+        ``mutant`` (``spec``: the plugin's table patch, if any) until one fails.
+        Without ``clean`` nothing is confirmed (the unmutated suite); with it, a kill
+        by a later stage is confirmed: the killing test alone fails again, and passes
+        with no spec while ``clean()`` is entered (for a source mutant: the original
+        source put back meanwhile)."""
         started = time.monotonic()
         result = Result(mutant, "survived", 0.0)
-        for n, files in enumerate(self.stages):
+        for n, files in enumerate(self.stages[:stages]):
             t0 = time.monotonic()
             verdict, out = self._pytest(files, spec, self.timeouts[n])
             result.stage_seconds.append(time.monotonic() - t0)
@@ -747,6 +758,9 @@ def behavioural_files(
     paths = {p.name: p.relative_to(root).as_posix() for p in (root / "tests").rglob("test_*.py")}
     names = sorted(n for n in paths if n not in left_out)
     ordered = [n for n in FIRST if n in names] + [n for n in names if n not in FIRST]
+    # With -x a kill ends the run: the slow folders go last, so that a mutant the
+    # engine's own tests kill does not wait for them first.
+    ordered.sort(key=lambda n: Path(paths[n]).parent.name in LAST)
     return [paths[n] for n in ordered]
 
 
@@ -874,7 +888,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
     """The options of how mutants are run (shared with ``mutate_code.py``)."""
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once")
-    parser.add_argument("--timeout", type=float, default=0.0, help="per pytest run (s); 0: auto")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="per pytest run (s); 0: 5 times the unmutated run's (measured first)",
+    )
     parser.add_argument("--idle", type=float, default=5.0, help="virtual-loop idle timeout (s)")
     parser.add_argument(
         "--exclude", action="append", metavar="TEST_FILE", help="also leave out this test file"
@@ -899,23 +918,34 @@ def interrupt(signum: int, frame: object) -> None:
 
 def baseline(runner: Runner, timeout: float) -> Result[Mutant] | None:
     """Run the unmutated suite (once more if it fails: some timing-sensitive tests are
-    flaky) and set the runner's per-stage timeouts from it (``timeout`` if given); None,
-    after printing why, when it does not pass."""
-    base = runner.run(None)
+    flaky) and set the runner's per-stage timeouts from it; None, after printing why,
+    when it does not pass.
+
+    With ``timeout`` given, only the first stage runs unmutated (the copy works) and
+    every stage gets ``timeout``: the later stages' unmutated run only measures their
+    time (minutes on 2 cores, CI's largest cost here), and a kill by a later stage is
+    confirmed against the unmutated code anyway (:meth:`Runner.staged`)."""
+    stages = 1 if timeout else None
+    base = runner.run(None, stages)
     if base.verdict != "survived":
-        base = runner.run(None)
+        base = runner.run(None, stages)
     if base.verdict != "survived":
         print(base.output)
         print(f"the unmutated test suite does not pass ({base.verdict}): nothing to check")
         return None
     # A stage that runs far longer than unmutated has hung (a mutant can spin).
-    runner.timeouts = [timeout or max(30.0, 5 * t) for t in base.stage_seconds]
+    if timeout:
+        runner.timeouts = [timeout for _ in runner.stages]
+    else:
+        runner.timeouts = [max(30.0, 5 * t) for t in base.stage_seconds]
     return base
 
 
 def announce(count: int, jobs: int, runner: Runner, base: Result[Mutant]) -> None:
     """The line that starts a run: how many mutants, the unmutated times, the timeouts."""
     stages = " + ".join(f"{t:.1f}" for t in base.stage_seconds)
+    if len(base.stage_seconds) < len(runner.stages):
+        stages += " (the first stage only: --timeout given)"
     print(
         f"{count} mutants, {jobs} at a time; unmutated suite {stages} s "
         f"({len(runner.files)} files); timeouts "

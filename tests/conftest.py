@@ -52,6 +52,18 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: a worker per core, plus one. Many tests wait on real time (driver
+    processes starting, a PostgreSQL server, real-clock smoke tests), so one more
+    worker than cores keeps the cores busy: on 2 cores the suite takes about 105 s with
+    3 workers against 135 s with 2 (4 gain nothing more)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return cores + 1
+
+
 @pytest.fixture(autouse=True)
 def _engine_log_left_enabled() -> Iterator[None]:
     """A test that silences the ``envq`` logger must restore it: the tests of what
