@@ -26,6 +26,7 @@ import inspect
 import math
 import numbers
 import operator
+import reprlib
 from collections.abc import Iterable
 from types import FunctionType
 from typing import Any, Final, TypeVar, cast
@@ -46,6 +47,7 @@ __all__ = [
     "optional_flag",
     "plain_callable",
     "seconds",
+    "SHOW_LIMIT",
     "show",
     "stamps",
     "timeout",
@@ -57,16 +59,41 @@ E = TypeVar("E", bound=enum.Enum)
 _GENERATOR_FLAGS: Final = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
 
+#: How a value shows in a message: at most this many characters (``reprlib`` cuts
+#: long strings, deep or long containers and big numbers short, without building the
+#: whole ``repr`` first).
+SHOW_LIMIT: Final = 200
+
+
+class _Shower(reprlib.Repr):
+    """``reprlib``'s cut-short repr, naming an int too long to show by its size
+    (``repr`` raises past 4,300 digits, and is slow well before)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = self.maxlong = SHOW_LIMIT
+        self.maxlevel = 4
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 600:
+            return f"<an int of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_SHOWER: Final = _Shower()
+
+
 def show(value: object) -> str:
-    """``repr(value)``, safe for ints too long for ``repr`` and for a failing ``__repr__``."""
+    """``repr(value)`` bounded to about :data:`SHOW_LIMIT` characters, safe for ints
+    too long for ``repr`` and for a failing ``__repr__``: a message never grows with
+    what it names (an 8 MB payload, a million-digit int)."""
     try:
-        return repr(value)
-    except ValueError:  # an int beyond sys.get_int_max_str_digits()
-        if isinstance(value, int):
-            return f"<an int of {value.bit_length()} bits>"
-        return object.__repr__(value)
+        shown = _SHOWER.repr(value)
     except Exception:
-        return object.__repr__(value)
+        shown = object.__repr__(value)
+    if len(shown) > SHOW_LIMIT + 20:  # a repr reprlib cannot cut (a class's own)
+        shown = shown[:SHOW_LIMIT] + f"... ({len(shown)} characters)"
+    return shown
 
 
 def _fail(error: type[Exception], what: str, want: str, value: object, why: str = "") -> Exception:

@@ -304,7 +304,7 @@ class Envelope:
 
     def label(self) -> str:
         """``type/id`` for messages and logs."""
-        return f"{self.type or '-'}/{self.id!r}"
+        return f"{self.type or '-'}/{_checks.show(self.id)}"
 
     def __repr__(self) -> str:
         if self._calendar:

@@ -16,18 +16,22 @@ import functools
 import importlib
 import json
 import math
+import re
 import zoneinfo
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final
 
 import attrs
 
+from envq._checks import show
 from envq._envelope import Envelope
 from envq._errors import BadEnvelope, BadEnvelopeType
 from envq._schedule import Cron
 from envq._values import Retry, Schedule
 
 __all__ = [
+    "MAX_ID_BYTES",
+    "MAX_PAYLOAD_BYTES",
     "MAX_SECONDS",
     "Encoded",
     "calendar",
@@ -69,17 +73,17 @@ def callable_name(fn: Callable[..., Any], field: str, label: str) -> str:
     qualname = getattr(fn, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
         raise BadEnvelopeType(
-            f"{label}: {field}={fn!r} cannot cross processes: it has no import path "
+            f"{label}: {field}={show(fn)} cannot cross processes: it has no import path "
             "(give a function defined at the top level of an importable module)"
         )
     if "<lambda>" in qualname or "<locals>" in qualname:
         raise BadEnvelopeType(
-            f"{label}: {field}={fn!r} cannot cross processes: a lambda or a function "
+            f"{label}: {field}={show(fn)} cannot cross processes: a lambda or a function "
             "defined inside another has no import path (define it at module level)"
         )
     if module == "__main__":
         raise BadEnvelopeType(
-            f"{label}: {field}={fn!r} cannot cross processes: it is defined in __main__, "
+            f"{label}: {field}={show(fn)} cannot cross processes: it is defined in __main__, "
             "which other processes cannot import (move it to a module)"
         )
     name = f"{module}:{qualname}"
@@ -87,12 +91,12 @@ def callable_name(fn: Callable[..., Any], field: str, label: str) -> str:
         found = resolve(name)
     except (ImportError, AttributeError) as error:
         raise BadEnvelopeType(
-            f"{label}: {field}={fn!r} cannot cross processes: {name} does not resolve ({error})"
+            f"{label}: {field}={show(fn)} cannot cross processes: {name} does not resolve ({error})"
         ) from None
     if found is not fn:
         raise BadEnvelopeType(
-            f"{label}: {field}={fn!r} cannot cross processes: {name} names another object "
-            f"({found!r})"
+            f"{label}: {field}={show(fn)} cannot cross processes: {name} names another object "
+            f"({show(found)})"
         )
     if len(_NAMES) >= 4096:
         _NAMES.clear()
@@ -112,13 +116,62 @@ def resolve(name: str) -> Callable[..., Any]:
     return found  # type: ignore[no-any-return]
 
 
-def _json(value: object, field: str, label: str) -> str:
-    try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as error:
-        raise BadEnvelopeType(
-            f"{label}: {field}={value!r} cannot cross processes: it is not JSON ({error})"
-        ) from None
+#: The most bytes of JSON an envelope's ``payload`` may take in its row (a jsonb value
+#: holds at most 255 MB, a statement's parameters 1 GB; a job queue's payload of more
+#: than 64 MiB is a mistake to report at the call, not a failure of the database's).
+MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
+#: The most bytes of JSON an envelope's ``id`` may take: it is the dedup key, in a
+#: unique index whose entries PostgreSQL bounds at about 2.7 kB.
+MAX_ID_BYTES: Final = 1024
+
+#: The characters PostgreSQL's text and jsonb cannot hold: NUL, and the UTF-16
+#: surrogates (a lone one is no character; a pair would come back joined).
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unstorable(value: object) -> str | None:
+    """What in ``value`` (a JSON value) cannot cross processes unchanged, or None: a
+    string PostgreSQL cannot store, or a mapping key that is not a string (JSON's keys
+    are strings: ``{1: 'a'}`` would come back as ``{'1': 'a'}``, and ``{1: 'a', '1':
+    'b'}`` as one key)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _UNSTORABLE.search(item):
+                return (
+                    f"{show(item)} holds a NUL character or a UTF-16 surrogate, which "
+                    "PostgreSQL cannot store"
+                )
+        elif isinstance(item, Mapping):
+            for key in item:
+                if not isinstance(key, str):
+                    return (
+                        f"the key {show(key)} is not a str (JSON's keys are: it would come "
+                        "back as a str, and could merge with another key)"
+                    )
+                stack.append(key)
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
+
+
+def _json(value: object, field: str, label: str, limit: int) -> str:
+    """``value`` as compact JSON text for the row's column ``field``, checked to come
+    back unchanged and to fit ``limit`` bytes; else the error naming the field."""
+    problem = _unstorable(value)
+    if problem is None:
+        try:
+            text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError) as error:
+            problem = f"it is not JSON ({show(str(error))})"
+        else:
+            # JSON escapes every non-ASCII character: its length is its size in bytes.
+            if len(text) <= limit:
+                return text
+            problem = f"its JSON takes {len(text)} bytes, more than the {limit} allowed"
+    raise BadEnvelopeType(f"{label}: {field}={show(value)} cannot cross processes: {problem}")
 
 
 def _hashable(value: object) -> Hashable:
@@ -193,7 +246,7 @@ def _zone_name(cron: Cron, label: str) -> str:
     key = getattr(tz, "key", None) if isinstance(tz, zoneinfo.ZoneInfo) else None
     if not isinstance(key, str):
         raise BadEnvelopeType(
-            f"{label}: schedule={cron!r} cannot cross processes: its tz={tz!r} has no IANA "
+            f"{label}: schedule={show(cron)} cannot cross processes: its tz={show(tz)} has no IANA "
             "time zone name (give the zone by name, e.g. Cron(expr, tz='Europe/Berlin'))"
         )
     return key
@@ -203,7 +256,7 @@ def _calendar(schedule: object, label: str) -> tuple[str, str]:
     """A calendar schedule as its row's ``(cron, cron_tz)``, or the error naming it."""
     if not isinstance(schedule, Cron):
         raise BadEnvelopeType(
-            f"{label}: schedule={schedule!r} cannot cross processes: only envq.FIXED_DELAY, "
+            f"{label}: schedule={show(schedule)} cannot cross processes: only envq.FIXED_DELAY, "
             "envq.FIXED_RATE and envq.Cron do (another process cannot rebuild this one)"
         )
     return schedule.expr, _zone_name(schedule, label)
@@ -221,7 +274,7 @@ def _storable(field: str, value: float, label: str) -> None:
     """Refuse a time the database cannot compute a next run from."""
     if value > MAX_SECONDS:
         raise BadEnvelope(
-            f"{label}: {field}={value!r} is longer than a PostgreSQL queue can time "
+            f"{label}: {field}={show(value)} is longer than a PostgreSQL queue can time "
             f"(at most {MAX_SECONDS:g} s, 1000 years)"
         )
 
@@ -238,11 +291,16 @@ def encode(env: object, label: str) -> Encoded:
         or ``cap``): the database could not compute the next run from it.
     """
     if not isinstance(env, Envelope):
-        raise BadEnvelopeType(f"{label}: {env!r} is not an envq.Envelope")
+        raise BadEnvelopeType(f"{label}: {show(env)} is not an envq.Envelope")
     if env.stamps:
         raise BadEnvelopeType(
-            f"{label}: stamps={env.stamps!r} cannot cross processes: give the queue's "
+            f"{label}: stamps={show(env.stamps)} cannot cross processes: give the queue's "
             "stamps to PgQueue(stamps=...) in every process instead"
+        )
+    if _UNSTORABLE.search(env.type):
+        raise BadEnvelopeType(
+            f"{label}: type={show(env.type)} cannot cross processes: it holds a NUL "
+            "character or a UTF-16 surrogate, which PostgreSQL cannot store"
         )
     cron: str | None = None
     cron_tz: str | None = None
@@ -253,7 +311,7 @@ def encode(env: object, label: str) -> Encoded:
         schedule = Schedule.FIXED_DELAY.value  # a calendar row's cron columns time it
     retry = env.retry
     if retry is not None and not math.isfinite(retry.cap):
-        raise BadEnvelope(f"{label}: retry={retry!r}: cap must be finite to cross processes")
+        raise BadEnvelope(f"{label}: retry={show(retry)}: cap must be finite to cross processes")
     _storable("interval", env.interval, label)
     _storable("deadline", env.deadline, label)
     _storable("delay", env.delay, label)
@@ -265,15 +323,15 @@ def encode(env: object, label: str) -> Encoded:
         wait = (env.not_before - dt.datetime.now(dt.UTC)).total_seconds()
         if wait > MAX_SECONDS:
             raise BadEnvelope(
-                f"{label}: not_before={env.not_before!r} is further away than a PostgreSQL "
+                f"{label}: not_before={show(env.not_before)} is further away than a PostgreSQL "
                 f"queue can time (at most {MAX_SECONDS:g} s, 1000 years)"
             )
         delay = max(delay, wait)
     return Encoded(
-        id=None if env.id is None else _json(env.id, "id", label),
+        id=None if env.id is None else _json(env.id, "id", label, MAX_ID_BYTES),
         type=env.type,
         invoke=callable_name(env.invoke, "invoke", label),
-        payload=_json(env.payload, "payload", label),
+        payload=_json(env.payload, "payload", label, MAX_PAYLOAD_BYTES),
         periodic=env.periodic,
         interval=env.interval,
         schedule=schedule,

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Mapping, Sequence
+import urllib.parse
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final
 
 from envq import _checks
-from envq._envelope import Envelope
-from envq._errors import BadEnvelopeType, CapacityExceeded, QueueNotRunning
+from envq._errors import CapacityExceeded, QueueNotRunning
 from envq._machine import LIVE_STATES
-from envq.postgres.schema import SCHEMA_VERSION
+from envq.postgres import migrations
 
 if TYPE_CHECKING:
     import asyncpg
@@ -26,17 +26,21 @@ if TYPE_CHECKING:
 __all__ = [
     "LEASE_MAX",
     "LEASE_MIN",
+    "MAX_NODE_NAME",
+    "MAX_QUEUE_NAME_BYTES",
     "AdmissionUnknown",
     "CommitUnheard",
     "NeverFits",
     "StoreUnavailable",
     "check_dsn",
     "check_lease",
+    "check_node_name",
+    "check_queue_name",
     "check_room",
     "check_schema",
     "committed",
     "queue_row",
-    "storable_text",
+    "redact",
     "unavailable",
     "unreachable",
 ]
@@ -103,11 +107,6 @@ LEASE_MIN: Final = 0.1
 #: a lease of years would outrun PostgreSQL's intervals and timestamps).
 LEASE_MAX: Final = 86400.0
 
-#: The characters PostgreSQL's text and jsonb cannot hold: NUL, and the UTF-16
-#: surrogates (a lone one is no character; a pair would come back joined).
-_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
-
-
 def check_dsn(where: str, dsn: object) -> str:
     """``dsn``: a str naming a database (its text is checked by the driver)."""
     if not isinstance(dsn, str):
@@ -115,6 +114,41 @@ def check_dsn(where: str, dsn: object) -> str:
     if not dsn.strip():
         raise ValueError(f"{where}: dsn must name a database, got {dsn!r}")
     return dsn
+
+
+#: The longest queue name, in UTF-8 bytes: a node is woken by a notification whose
+#: payload is the name (at most 8,000 bytes), and the name keys the queue's row.
+MAX_QUEUE_NAME_BYTES: Final = 255
+#: The longest node name: the node's sessions carry ``envq:<node>`` as their
+#: ``application_name`` (what ``pg_stat_activity`` shows), which PostgreSQL cuts at 63
+#: bytes and in which it shows only printable ASCII.
+MAX_NODE_NAME: Final = 63 - len("envq:")
+
+
+def check_queue_name(where: str, name: object) -> str:
+    """A queue name (:func:`envq._checks.name`) of at most
+    :data:`MAX_QUEUE_NAME_BYTES` UTF-8 bytes."""
+    checked = _checks.name(f"{where} name", name)
+    size = len(checked.encode())
+    if size > MAX_QUEUE_NAME_BYTES:
+        raise ValueError(
+            f"{where} name must take at most {MAX_QUEUE_NAME_BYTES} bytes in UTF-8 (a "
+            f"notification carries it), got {size} bytes: {_checks.show(checked)}"
+        )
+    return checked
+
+
+def check_node_name(where: str, node: object) -> str:
+    """A node name: printable ASCII, at most :data:`MAX_NODE_NAME` characters, so that
+    ``pg_stat_activity`` shows it whole."""
+    checked = _checks.name(f"{where} node", node)
+    if not checked.isascii() or len(checked) > MAX_NODE_NAME:
+        raise ValueError(
+            f"{where} node must be printable ASCII of at most {MAX_NODE_NAME} characters "
+            "(the sessions' application_name, which pg_stat_activity shows, holds no "
+            f"more), got {_checks.show(checked)}"
+        )
+    return checked
 
 
 def check_lease(where: str, lease: object) -> float:
@@ -127,77 +161,68 @@ def check_lease(where: str, lease: object) -> float:
     return seconds
 
 
-def _unstorable(value: object) -> str | None:
-    """The first string in ``value`` (a JSON value: keys, items, values) PostgreSQL
-    cannot store, or None."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _UNSTORABLE.search(item):
-                return item
-        elif isinstance(item, Mapping):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return None
-
-
-def storable_text(env: Envelope, label: str) -> None:
-    """Refuse an envelope whose ``id``, ``payload`` or ``type`` holds text PostgreSQL
-    cannot store, naming the field (before the database is asked)."""
-    for field in ("id", "payload", "type"):
-        bad = _unstorable(getattr(env, field))
-        if bad is not None:
-            raise BadEnvelopeType(
-                f"{label}: {field}={getattr(env, field)!r} cannot cross processes: "
-                f"{bad!r} holds a NUL character or a UTF-16 surrogate, which PostgreSQL "
-                "cannot store"
-            )
-
-
 def unreachable(driver: Any) -> tuple[type[BaseException], ...]:
     """The errors of a database that cannot be reached, or of a DSN the driver cannot
     read (the standard library's URL parser raises ``ValueError``)."""
     return (OSError, ValueError, driver.PostgresError, driver.InterfaceError)
 
 
+#: What separates the parts of a connection URI: an unescaped one inside a password
+#: makes a parser cut the password there and quote a piece of it in its error.
+_URI_PARTS: Final = re.compile(r"[#/?@:&=\s]+")
+
+
 def _secrets(dsn: str) -> list[str]:
-    """What of the DSN no message may show: the DSN itself and its password (as a
-    URL's or as a ``password=`` setting), longest first."""
-    found = [dsn]
-    found += re.findall(r"://[^:/@?]*:([^@/?]+)@", dsn)
-    found += re.findall(r"password=([^&\s]+)", dsn)
+    """What of the DSN no message may show, longest first: the DSN itself, its password
+    (as a URI's, up to the last ``@``, so that an unescaped ``#``, ``/``, ``?`` or
+    ``@`` in it does not hide the rest; or as a ``password=`` setting), the password
+    percent-decoded, and every piece of it between such characters (a parser that cut
+    the password there quotes one of the pieces)."""
+    passwords: list[str] = []
+    _scheme, sep, rest = dsn.partition("://")
+    if sep and "@" in rest:
+        userinfo = rest[: rest.rindex("@")]
+        if ":" in userinfo:
+            passwords.append(userinfo.split(":", 1)[1])
+    passwords += re.findall(r"password\s*=\s*'((?:[^'\\]|\\.)*)'", dsn)
+    passwords += re.findall(r"password\s*=\s*([^'&\s][^&\s]*)", dsn)
+    found = {dsn}
+    for password in passwords:
+        for form in (password, urllib.parse.unquote(password)):
+            found.add(form)
+            found.update(piece for piece in _URI_PARTS.split(form) if len(piece) > 1)
     return sorted((s for s in found if s), key=len, reverse=True)
+
+
+def redact(dsn: str, text: str) -> str:
+    """``text`` with the DSN and every part of its password replaced by ``***``."""
+    for secret in _secrets(dsn):
+        text = text.replace(secret, "***")
+    return text
 
 
 def unavailable(name: str, dsn: str, error: BaseException) -> StoreUnavailable:
     """The error of a database that cannot be reached (or a DSN the driver cannot
-    read): the driver's reason, with the DSN and its password left out."""
-    reason = str(error)
-    for secret in _secrets(dsn):
-        reason = reason.replace(secret, "***")
+    read): the driver's reason, with the DSN and every part of its password left
+    out."""
+    reason = redact(dsn, str(error))
+    hint = ""
+    if isinstance(error, ValueError):
+        hint = (
+            " (the DSN cannot be read: a password holding #, /, ?, @ or : must be "
+            "percent-encoded in a URI, e.g. # as %23)"
+        )
     return StoreUnavailable(
         f"queue {name!r}: cannot reach the database: {type(error).__name__}"
         + (f": {reason}" if reason else "")
+        + hint
     )
 
 
 async def check_schema(conn: asyncpg.pool.PoolConnectionProxy[Any], name: str) -> None:
-    """Refuse a database without envq's schema, or with a schema of another version
-    than this envq's."""
-    if await conn.fetchval("SELECT to_regclass('envq.schema_version')") is None:
-        raise RuntimeError(
-            f"queue {name!r}: the database has no envq schema: call install() "
-            "(or run the node command with --install) first"
-        )
-    version = await conn.fetchval("SELECT max(version) FROM envq.schema_version")
-    if version != SCHEMA_VERSION:
-        raise RuntimeError(
-            f"queue {name!r}: envq's schema in the database is version {version}, "
-            f"this envq needs {SCHEMA_VERSION}"
-        )
+    """Refuse a database without envq's schema, or with a schema this envq cannot run
+    on (older: migrate it; newer and not compatible: upgrade envq), saying what to do."""
+    migrations.check(await migrations.installed(conn), f"queue {name!r}")
 
 
 async def queue_row(

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, assert_never
 
@@ -45,6 +46,7 @@ from envq._schedule import Timing
 from envq._timers import Deadlines
 from envq._values import HookTimeout, Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
+from envq.postgres._edges import MAX_NODE_NAME
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
@@ -95,6 +97,21 @@ SELECT envq.due($1) AS moved,
                             WHERE d.queue = $1 AND d.state = 'delayed'
                               AND d.due_at > clock_timestamp()) - clock_timestamp())::float8
            AS soon
+"""
+
+#: Renew the leases whose tokens the node knows it holds (never shortening one).
+_RENEW: Final = "SELECT * FROM envq.renew($1, $2, $3 * interval '1 second', $4::uuid[])"
+#: The attempts the node holds under its owner name but does not know of (a claim
+#: whose reply was lost), their leases renewed.
+_ADOPT: Final = "SELECT * FROM envq.adopt($1, $2, $3::uuid[], $4 * interval '1 second')"
+#: Before a decision: the lease still holds (extended over the hook's budget); the
+#: row's kind, or NULL.
+_HOLD: Final = "SELECT envq.hold($1, $2, $3 * interval '1 second')::text"
+#: Of the ends whose reply was lost, those that committed: their rows still name the
+#: attempt's token as the last one ended by its node.
+_ENDED: Final = """
+SELECT seq, state::text AS state, kind::text AS kind FROM envq.envelopes
+ WHERE seq = ANY($1::bigint[]) AND ended_token = ANY($2::uuid[])
 """
 
 #: An expired attempt's row, locked for its reaper; none when another reaper holds it
@@ -182,6 +199,58 @@ async def _nap(wake: asyncio.Event, seconds: float) -> None:
 _GAVE_UP: Final = "gave up"
 
 
+@attrs.frozen
+class Ended:
+    """An attempt's end as the database committed it: the envelope's state and its row
+    group (``blacklisted``: its type was banned while it ran, and no hook runs)."""
+
+    state: str
+    kind: str
+
+
+class _ClaimGate:
+    """Claims run side by side; taking back the attempts of a lost claim (adopt) runs
+    alone: a claim in flight holds leases whose tokens the node does not know yet,
+    which adopt would take for lost ones."""
+
+    __slots__ = ("_alone", "_changed", "_claims")
+
+    def __init__(self) -> None:
+        self._claims = 0
+        self._alone = False
+        self._changed = asyncio.Event()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def claiming(self) -> AsyncIterator[None]:
+        """Around a statement that claims."""
+        while self._alone:
+            await self._changed.wait()
+        self._claims += 1
+        try:
+            yield
+        finally:
+            self._claims -= 1
+            self._notify()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        """Around adopt: no claim in flight, none starts."""
+        while self._alone:
+            await self._changed.wait()
+        self._alone = True
+        try:
+            while self._claims:
+                await self._changed.wait()
+            yield
+        finally:
+            self._alone = False
+            self._notify()
+
+
 @attrs.define(slots=True)
 class _Ending:
     """An attempt's end waiting for the finisher's next statement."""
@@ -196,12 +265,11 @@ class _Ending:
     delay: float | None
     failures: int | None
     give_up: float
-    done: asyncio.Future[str | None]
+    #: The end as committed; None: refused (the lease had expired); _GAVE_UP.
+    done: asyncio.Future[Ended | str | None]
 
 
-#: The outcome table's actions that call ``on_failure``, and those with ``on_success``.
-_FAILURE_HOOKED: Final = frozenset({Action.DECIDE, Action.DECIDE_PERIODIC, Action.REPORT_FAILURE})
-_HOOKED: Final = _FAILURE_HOOKED | {Action.SUCCEED, Action.RESCHEDULE}
+_Cause: TypeAlias = BaseException | None
 
 
 def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException], ...]:
@@ -222,7 +290,12 @@ def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException],
 
 
 def _node_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    """``<host>-<pid>-<random>``, the host's name cut so that the whole fits
+    ``application_name`` (:data:`envq.postgres._edges.MAX_NODE_NAME`)."""
+    rest = f"-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    host = socket.gethostname().encode("ascii", "replace").decode()
+    host = "".join(c if c.isprintable() and not c.isspace() else "-" for c in host) or "node"
+    return host[: MAX_NODE_NAME - len(rest)] + rest
 
 
 def without_code(
@@ -410,6 +483,12 @@ class Node:
         #: committing).
         self._busy = 0
         self._claim_floor = max(1, workers // 2)
+        #: Claims run side by side, adopt alone.
+        self._gate = _ClaimGate()
+        #: A claim's reply was lost: its attempts may be held under this node's name
+        #: without its knowing (the renewer takes them back).
+        self._orphans = False
+        self._hook_timeout = hook_timeout
         self.serving = False
         self._epoch = 0
         #: What this node did: attempts ended, refused by the fence, reaped.
@@ -472,7 +551,9 @@ class Node:
         await self._listen()
         self._tasks = [
             asyncio.create_task(self._pump(), name=f"envq-pg-pump-{self.name}"),
+            asyncio.create_task(self._renewer(), name=f"envq-pg-renewer-{self.name}"),
             asyncio.create_task(self._keep(), name=f"envq-pg-keeper-{self.name}"),
+            asyncio.create_task(self._reaper(), name=f"envq-pg-reaper-{self.name}"),
             asyncio.create_task(self._finisher(), name=f"envq-pg-finisher-{self.name}"),
         ]
 
@@ -520,14 +601,18 @@ class Node:
                 continue
             self._wake.clear()
             try:
-                async with self._host._session() as conn:
-                    rows = await conn.fetch(
-                        "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
-                        self.name,
-                        self.node,
-                        free,
-                        self.lease,
-                    )
+                async with self._gate.claiming(), self._host._session() as conn:
+                    try:
+                        rows = await conn.fetch(
+                            "SELECT * FROM envq.claim($1, $2, $3, $4 * interval '1 second')",
+                            self.name,
+                            self.node,
+                            free,
+                            self.lease,
+                        )
+                    except _lost(asyncpg):
+                        self._orphans = True  # it may have committed unheard
+                        raise
                 backoff = 0.05
             except _lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: claim failed (%s); retrying", self.name, error)
@@ -548,8 +633,46 @@ class Node:
         self._attempts.add(task)
         task.add_done_callback(self._attempts.discard)
 
+    async def _renewer(self) -> None:
+        """Renew the leases of the attempts in flight, every third of a lease, on a
+        task of its own: no hook, reap or lifecycle step ever makes a renewal wait.
+        After a claim whose reply was lost, take back its attempts (adopt)."""
+        import asyncpg  # noqa: PLC0415
+
+        period = self.lease / 3
+        while True:
+            try:
+                async with self._host._session() as conn:
+                    await self._renew(conn)
+                    if self._orphans:
+                        await self._adopt(conn)
+            except asyncio.CancelledError:
+                raise
+            except _lost(asyncpg, asyncpg.PostgresError) as error:
+                log.warning("queue %r: renewing leases failed (%s)", self.name, error)
+            except Exception:
+                log.exception("queue %r: renewing leases failed", self.name)
+            await asyncio.sleep(period)
+
+    async def _adopt(self, conn: _Conn) -> None:
+        """Take back the attempts held under this node's name that it does not know of
+        (a claim whose reply was lost), with no claim in flight (whose attempts would
+        look the same), and start them."""
+        async with self._gate.alone():
+            known = [flight.token for flight in self._flights.values()]
+            rows = await conn.fetch(_ADOPT, self.name, self.node, known, self.lease)
+            self._orphans = False
+        for row in rows:
+            log.warning(
+                "queue %r: took back envelope %s, claimed by a statement whose reply was lost",
+                self.name,
+                row["seq"],
+            )
+            self._launch(row)
+
     async def _keep(self) -> None:
-        """Renew leases, move due envelopes, reap expired leases, follow the lifecycle."""
+        """Move due envelopes and follow the lifecycle; open the listening session
+        again when it was lost."""
         import asyncpg  # noqa: PLC0415
 
         period = min(self.lease / 3, self.poll)
@@ -558,23 +681,15 @@ class Node:
             soon: float | None = None
             listener = self._listener
             if (listener is None or listener.is_closed()) and all(t.done() for t in listening):
-                # In its own task: connecting may take long, renewals may not wait (and
-                # among the node's tasks, which close() cancels).
+                # In its own task: connecting may take long.
                 listening = [asyncio.create_task(self._listen())]
                 self._tasks += listening
             try:
                 async with self._host._session() as conn:
-                    await self._renew(conn)
                     due = await conn.fetchrow(_DUE, self.name)
                     moved, soon = (0, None) if due is None else (due["moved"], due["soon"])
                     if moved:
                         self._wake.set()
-                    try:
-                        await self._reap(conn)
-                    except _lost(asyncpg):
-                        raise
-                    except Exception:  # reaping must not keep the node from following
-                        log.exception("queue %r: reaping failed", self.name)
                     await self._follow(conn)
             except asyncio.CancelledError:
                 raise
@@ -586,19 +701,34 @@ class Node:
             # statement's time only.
             await asyncio.sleep(period if soon is None else min(period, max(soon, 0.0)))
 
+    async def _reaper(self) -> None:
+        """End the attempts whose lease expired, on any node, on a task of its own: a
+        reaped attempt's ``on_failure`` may take its whole budget."""
+        import asyncpg  # noqa: PLC0415
+
+        period = min(self.lease / 3, self.poll)
+        while True:
+            try:
+                async with self._host._session() as conn:
+                    await self._reap(conn)
+            except asyncio.CancelledError:
+                raise
+            except _lost(asyncpg, asyncpg.PostgresError) as error:
+                log.warning("queue %r: reaping failed (%s)", self.name, error)
+            except Exception:
+                log.exception("queue %r: reaping failed", self.name)
+            await asyncio.sleep(period)
+
     async def _renew(self, db: asyncpg.Pool | _Conn) -> None:
         if not self._flights:
             return
-        # Only the flights known before the statement: one claimed meanwhile may hold a
-        # lease the statement's snapshot did not see.
+        # Only the flights known before the statement: one claimed meanwhile holds a
+        # lease the statement was not asked to renew.
         known = list(self._flights.values())
         held = {
             r[0]
             for r in await db.fetch(
-                "SELECT * FROM envq.renew($1, $2, $3 * interval '1 second')",
-                self.name,
-                self.node,
-                self.lease,
+                _RENEW, self.name, self.node, self.lease, [flight.token for flight in known]
             )
         }
         for flight in known:
@@ -698,9 +828,22 @@ class Node:
                     f"queue {self.name!r}: the lease of attempt {row['attempt']} of "
                     f"{env.label()} (node {row['lease_owner']!r}) expired"
                 )
-                kind, delay, failures = await self._decide(
-                    w, env, row, Outcome.EXPIRED, cause, started, row["reaped_at"].timestamp()
+                locked = Kind(row["kind"])
+
+                async def hold() -> Kind | None:
+                    return locked  # this reaper holds the row locked: the lease is its
+
+                decided = await self._decide(
+                    w,
+                    env,
+                    row,
+                    Outcome.EXPIRED,
+                    cause,
+                    (started, row["reaped_at"].timestamp()),
+                    hold,
                 )
+                assert decided is not None  # the hold above always holds
+                kind, delay, failures = decided
                 decision = None if kind is None else kind.value
             ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
         self._reaped(seq, row, ended)
@@ -720,6 +863,12 @@ class Node:
     # -- one attempt ---------------------------------------------------------------------
 
     async def _run(self, flight: _Flight) -> None:
+        """One attempt, then its end, fenced from start to finish: the decision
+        (``on_failure``) runs only while the lease holds (:meth:`_decide`), the end
+        commits only under the attempt's token, and the hooks that report an end
+        (``on_success``, a failure nobody retries) run only once it has committed
+        (:meth:`_report`). The slot stays taken until all of it is over: a node never
+        runs more than ``workers`` attempts and hooks at once."""
         row = flight.row
         w = flight.worker
         w.task = asyncio.current_task()
@@ -739,23 +888,32 @@ class Node:
             if flight.lost:
                 self.counts_local["fenced"] += 1
                 return
-            kind: DecisionKind | None
-            delay: float | None
             if env is None:
                 assert missing is not None
                 kind, delay, failures = without_code(
                     self.name, self.node, row, outcome, missing, flight.claimed_at, None
                 )
-            else:
-                kind, delay, failures = await self._decide(
-                    w, env, row, outcome, cause, flight.claimed_at, None
-                )
-                if outcome is Outcome.STOP_TYPE and env.type:  # the ban commits with the end
-                    await end_banning(self, row, env.type, flight.claimed_at)
-                    return
-            # The slot stays taken until the end commits: the envelope is RUNNING until
-            # then, and a node never has more than `workers` envelopes RUNNING.
-            await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
+                await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
+                return
+            decided = await self._decide(
+                w,
+                env,
+                row,
+                outcome,
+                cause,
+                (flight.claimed_at, None),
+                functools.partial(self._hold, flight, env),
+            )
+            if decided is None:  # the lease lapsed before the decision: the reaper's
+                self.counts_local["fenced"] += 1
+                return
+            kind, delay, failures = decided
+            if outcome is Outcome.STOP_TYPE and env.type:  # the ban commits with the end
+                await end_banning(self, row, env.type, flight.claimed_at)
+                return
+            ended = await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
+            if ended is not None:
+                await self._report(w, env, row, outcome, cause, ended)
         finally:
             self._free(flight)
             # The end may have been committed with a claim of the same envelope (a retry
@@ -778,9 +936,10 @@ class Node:
         cause: CancelCause | None,
         delay: float | None,
         failures: int | None,
-    ) -> None:
+    ) -> Ended | None:
         """End the attempt in the database (batched with the other attempts ending now,
-        one statement and one commit for all), fenced by its token."""
+        one statement and one commit for all), fenced by its token; the end as
+        committed, or None when it was refused or never committed."""
         row = flight.row
         ending = _Ending(
             row["seq"],
@@ -796,8 +955,6 @@ class Node:
         self._ending.append(ending)
         self._ending_ready.set()
         ended = await ending.done
-        if ended is _GAVE_UP:
-            return
         if ended is None:
             self.counts_local["fenced"] += 1
             log.warning(
@@ -806,14 +963,20 @@ class Node:
                 self.name,
                 row["seq"],
             )
-        else:
-            self.counts_local["finished"] += 1
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-            if ended == EnvState.READY.value:
-                self._wake.set()
+            return None
+        if not isinstance(ended, Ended):  # gave up: a reaper ends it
+            return None
+        self.counts_local["finished"] += 1
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if ended.state == EnvState.READY.value:
+            self._wake.set()
+        return ended
 
     async def _finisher(self) -> None:
-        """Commit the ends of the attempts that ended meanwhile, all in one statement."""
+        """Commit the ends of the attempts that ended meanwhile, all in one statement.
+        A statement whose reply was lost may have committed: before it is tried again,
+        the ends it committed are read back from the database (their rows name their
+        tokens as ended), never assumed either way."""
         import asyncpg  # noqa: PLC0415
 
         pause = 0.05
@@ -821,15 +984,29 @@ class Node:
             await self._ending_ready.wait()
             self._ending_ready.clear()
             batch, self._ending = self._ending, []
+            unheard = False
             while batch:
-                # The slots these ends free are taken again by as many claims in the
-                # same statement (while the node serves): one round trip, one commit.
-                how_many = len(batch) if self.serving else 0
+                found: list[Row] = []
                 retry: list[_Ending] = []
                 try:
-                    found = await self._end(batch, how_many)
+                    if unheard:
+                        found = await self._committed(batch)
+                        done = {r["seq"] for r in found}
+                        rest = [e for e in batch if e.seq not in done]
+                        unheard = False
+                    else:
+                        rest = batch
+                    # The slots these ends free are taken again by as many claims in the
+                    # same statement (while the node serves): one round trip, one commit.
+                    how_many = len(rest) if self.serving else 0
+                    if rest:
+                        found += await self._end(rest, how_many)
                 except _lost(asyncpg) as err:
                     # Lost the database: try again while the leases may still hold.
+                    unheard = True
+                    for r in found:  # read back before the loss
+                        e = next(e for e in batch if e.seq == r["seq"])
+                        e.done.set_result(Ended(r["state"], r["kind"]))
                     now = time.monotonic()
                     for e in batch:
                         if now > e.give_up and not e.done.done():
@@ -849,42 +1026,72 @@ class Node:
                         err,
                     )
                     found, retry = await end_each(self.name, self._end, batch)
-                    if how_many:
+                    if self.serving:
                         self._wake.set()  # their slots are claimed again by the pump
                 pause = 0.05
-                states = {}
+                ends: dict[int, Ended] = {}
                 for r in found:
                     if r["state"] == _RUNNING:  # claimed (an end never leads to RUNNING)
                         self._launch(r)
                     else:
-                        states[r["seq"]] = r["state"]
+                        ends[r["seq"]] = Ended(r["state"], r["kind"])
                 for e in batch:
                     if not e.done.done() and e not in retry:
-                        e.done.set_result(states.get(e.seq))
+                        e.done.set_result(ends.get(e.seq))
                 batch = retry
                 if batch:
                     await asyncio.sleep(pause)
 
+    async def _committed(self, batch: list[_Ending]) -> list[Row]:
+        """Of ``batch``, the ends a statement whose reply was lost committed."""
+        async with self._host._session() as conn:
+            return list(
+                await conn.fetch(_ENDED, [e.seq for e in batch], [e.token for e in batch])
+            )
+
     async def _end(self, batch: list[_Ending], how_many: int) -> list[Row]:
         """End the attempts of ``batch`` and claim up to ``how_many`` more, in one
         statement: the ended rows and the claimed ones."""
-        async with self._host._session() as conn:
-            return list(
-                await conn.fetch(
-                    _FINISH_AND_CLAIM,
-                    [e.seq for e in batch],
-                    [e.token for e in batch],
-                    [e.outcome for e in batch],
-                    [e.decision for e in batch],
-                    [e.cause for e in batch],
-                    [e.delay for e in batch],
-                    [e.failures for e in batch],
-                    self.name,
-                    self.node,
-                    how_many,
-                    self.lease,
+        import asyncpg  # noqa: PLC0415
+
+        async with self._gate.claiming(), self._host._session() as conn:
+            try:
+                return list(
+                    await conn.fetch(
+                        _FINISH_AND_CLAIM,
+                        [e.seq for e in batch],
+                        [e.token for e in batch],
+                        [e.outcome for e in batch],
+                        [e.decision for e in batch],
+                        [e.cause for e in batch],
+                        [e.delay for e in batch],
+                        [e.failures for e in batch],
+                        self.name,
+                        self.node,
+                        how_many,
+                        self.lease,
+                    )
                 )
-            )
+            except _lost(asyncpg):
+                if how_many:
+                    self._orphans = True  # its claims may have committed unheard
+                raise
+
+    async def _hold(self, flight: _Flight, env: Envelope) -> Kind | None:
+        """Fence a decision: the attempt's lease still holds (extended over the hook's
+        budget, so that a loop blocked in the hook does not lose it); the row's kind,
+        or None when the lease has lapsed (a reaper decides instead) or the database
+        cannot be asked."""
+        import asyncpg  # noqa: PLC0415
+
+        budget = self._hook_timeout.budget(env.deadline)
+        span = self.lease + (0.0 if budget is None else budget)
+        try:
+            async with self._host._session() as conn:
+                found = await conn.fetchval(_HOLD, flight.row["seq"], flight.token, span)
+        except _lost(asyncpg):
+            return None
+        return None if found is None else Kind(found)
 
     async def _decide(
         self,
@@ -892,46 +1099,74 @@ class Node:
         env: Envelope,
         row: Row,
         outcome: Outcome,
-        cause: BaseException | None,
-        started: float,
-        started_db: float | None,
-    ) -> tuple[DecisionKind | None, float | None, int | None]:
-        """The row of the outcome table for this attempt, performed as far as a node
-        decides: its hooks, the failure decision and the delay before the next run (the
-        target itself is the database's to compute). ``(decision, delay, failures)``;
-        ``started`` is this node's monotonic clock when the database's read
-        ``started_db`` (None: the claim's, the row's ``updated_at``)."""
-        runner = self._runner
+        cause: _Cause,
+        clock: tuple[float, float | None],
+        hold: Callable[[], Awaitable[Kind | None]],
+    ) -> tuple[DecisionKind | None, float | None, int | None] | None:
+        """The row of the outcome table for this attempt, decided as far as a node
+        decides before its end commits: the failure decision (``on_failure``, run only
+        once ``hold()`` says the lease holds, else the retry policy) and the delay before
+        the next run (the target itself is the database's to compute). ``(decision,
+        delay, failures)``, or None when the lease lapsed before ``on_failure`` could
+        run. ``clock``: this node's monotonic clock when the database's read the second
+        (None: the claim's, the row's ``updated_at``)."""
         kind = Kind(row["kind"])
         action = OUTCOMES[(kind, outcome)].action
-        hooked = action in _HOOKED and (
-            env.on_failure if action in _FAILURE_HOOKED else env.on_success
-        )
-        if env.type and kind is not Kind.BLACKLISTED and hooked:
-            # Another node may have blacklisted the type while this attempt ran (the
-            # row's kind was relabelled): a blacklisted envelope's attempt calls no hook.
-            found = await self._host._db().fetchval(
-                "SELECT kind FROM envq.envelopes WHERE seq = $1", row["seq"]
-            )
-            if found is not None and Kind(found) is Kind.BLACKLISTED:
-                kind = Kind.BLACKLISTED
-                action = OUTCOMES[(kind, outcome)].action
         attempt = int(row["attempt"])
+        started, started_db = clock
         match action:
             case Action.SUCCEED:
-                await runner.on_success(w, env)
                 return None, 0.0, None
             case Action.RESCHEDULE:
-                await runner.on_success(w, env)
                 return None, next_run(env.schedule, env.interval, row, started, started_db), 0
-            case Action.DECIDE:
+            case Action.DECIDE | Action.DECIDE_PERIODIC:
+                periodic = action is Action.DECIDE_PERIODIC
+                failures = int(row["failures"]) + 1 if periodic else None
                 if env.on_failure is not None:
-                    decision = await runner.on_failure(w, env, cause, attempt)
-                    return decision.kind, decision.delay, None
+                    held = await hold()
+                    if held is None:
+                        return None
+                    if held is Kind.BLACKLISTED:  # banned meanwhile: no hook, it ends
+                        return None, 0.0, failures
+                    decision = await self._runner.on_failure(
+                        w, env, cause, failures if failures is not None else attempt
+                    )
+                    return decision.kind, decision.delay, failures
+                if periodic:
+                    wait = next_run(env.schedule, env.interval, row, started, started_db)
+                    return None, wait, failures
                 retry = env.retry
                 if retry is not None and retry.allows(attempt):
                     return DecisionKind.RETRY_AFTER, retry.delay(attempt), None
-                if retry is not None:
+                return None, 0.0, None
+            case Action.REPORT_FAILURE | Action.END | Action.SHELVE | Action.BLACKLIST:
+                return None, 0.0, None
+            case _:
+                assert_never(action)
+
+    async def _report(
+        self, w: Worker, env: Envelope, row: Row, outcome: Outcome, cause: _Cause, ended: Ended
+    ) -> None:
+        """After an end committed: the hooks and log lines that report it, at most once
+        per committed end (never for one the database refused). An envelope whose type
+        was banned while it ran ends with no hook."""
+        kind = Kind(ended.kind)
+        if kind is Kind.BLACKLISTED:
+            return
+        action = OUTCOMES[(kind, outcome)].action
+        match action:
+            case Action.SUCCEED | Action.RESCHEDULE:
+                await self._runner.on_success(w, env)
+            case Action.REPORT_FAILURE:
+                if env.on_failure is not None:
+                    # A periodic envelope counts its failures in a row, as in one process.
+                    periodic = kind is Kind.PERIODIC
+                    number = int(row["failures"]) + 1 if periodic else int(row["attempt"])
+                    await self._runner.on_failure(w, env, cause, number)
+            case Action.DECIDE:
+                retry = env.retry
+                attempt = int(row["attempt"])
+                if env.on_failure is None and retry is not None and not retry.allows(attempt):
                     log.info(
                         "queue %r: %s",
                         self.name,
@@ -939,24 +1174,8 @@ class Node:
                             f"{env.label()} failed {attempt} of {retry.attempts} attempts"
                         ),
                     )
-                return None, 0.0, None
-            case Action.DECIDE_PERIODIC:
-                failures = int(row["failures"]) + 1
-                if env.on_failure is not None:
-                    decision = await runner.on_failure(w, env, cause, failures)
-                    return decision.kind, decision.delay, failures
-                wait = next_run(env.schedule, env.interval, row, started, started_db)
-                return None, wait, failures
-            case Action.REPORT_FAILURE:
-                if env.on_failure is not None:
-                    # A periodic envelope counts its failures in a row, as in one process.
-                    number = int(row["failures"]) + 1 if kind is Kind.PERIODIC else attempt
-                    await runner.on_failure(w, env, cause, number)
-                return None, 0.0, None
-            case Action.END | Action.SHELVE:
-                return None, 0.0, None
-            case Action.BLACKLIST:
-                return None, 0.0, None  # the ban commits with the end (end_banning)
+            case Action.DECIDE_PERIODIC | Action.END | Action.SHELVE | Action.BLACKLIST:
+                pass
             case _:
                 assert_never(action)
 

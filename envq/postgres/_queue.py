@@ -67,6 +67,7 @@ from envq._machine import (
     StopMode,
 )
 from envq._values import HookTimeout, Rejection, Statistics
+from envq.postgres import migrations
 from envq.postgres._codec import Encoded, decode, encode, first_wait
 from envq.postgres._edges import (
     AdmissionUnknown,
@@ -75,18 +76,19 @@ from envq.postgres._edges import (
     StoreUnavailable,
     check_dsn,
     check_lease,
+    check_node_name,
+    check_queue_name,
     check_room,
     check_schema,
     committed,
     queue_row,
-    storable_text,
     unavailable,
     unreachable,
 )
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
 from envq.postgres._node import CHANNEL, Node, _lost, _node_name, _returned, arm_calendars
-from envq.postgres.schema import SCHEMA_VERSION, event_label, render
+from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
     import asyncpg
@@ -193,7 +195,7 @@ class PgQueue:
     ) -> None:
         where = "PgQueue()"
         check_dsn(where, dsn)
-        self.name = _checks.name(f"{where} name", name)
+        self.name = check_queue_name(where, name)
         self.workers = _checks.integer(f"{where} workers", workers, minimum=0)
         #: The capacity this object was given (None: the queue's, whatever it is).
         self._asked_capacity = (
@@ -207,7 +209,7 @@ class PgQueue:
             want = "an envq.HookTimeout or None"
             _checks.instance(f"{where} hook_timeout", hook_timeout, HookTimeout, want=want)
         self.poll = _checks.seconds(f"{where} poll", poll, positive=True)
-        self.node = _node_name() if node is None else _checks.name(f"{where} node", node)
+        self.node = _node_name() if node is None else check_node_name(where, node)
         self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
         self.event_poll = _checks.seconds(f"{where} event_poll", event_poll, positive=True)
         self._dsn = dsn
@@ -242,33 +244,22 @@ class PgQueue:
     # -- connections -------------------------------------------------------------------
 
     async def install(self) -> None:
-        """Create envq's schema in the database unless it is there (safe to call from
-        several processes at once)."""
+        """Create envq's schema in the database unless it is there, or upgrade it to
+        this envq's version, keeping every row (safe to call from several processes at
+        once: one of them does it, under a lock; :mod:`envq.postgres.migrations`).
+
+        :raises RuntimeError: the database holds a schema this envq cannot upgrade or
+            run on (the message says what to do).
+        """
         import asyncpg  # noqa: PLC0415 - the extra is optional
 
         conn = await self._connect(asyncpg)
         try:
-            async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext('envq.install'))")
-                there = await conn.fetchval("SELECT to_regclass('envq.schema_version')")
-                if there is None:
-                    if await conn.fetchval(
-                        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'envq')"
-                    ):
-                        raise RuntimeError(
-                            "the database has a schema 'envq' without envq's tables: drop "
-                            "it (or rename it) and install again"
-                        )
-                    await conn.execute(render())
-                else:
-                    version = await conn.fetchval("SELECT max(version) FROM envq.schema_version")
-                    if version != SCHEMA_VERSION:
-                        raise RuntimeError(
-                            f"envq's schema in the database is version {version}, this envq "
-                            f"needs {SCHEMA_VERSION}"
-                        )
+            found, now = await migrations.install(conn)
         finally:
             await conn.close()
+        if found is not None and found != now:
+            log.warning("envq's schema upgraded from version %d to %d", found, now)
 
     async def _connect(self, driver: Any) -> asyncpg.Connection:
         try:
@@ -620,8 +611,6 @@ class PgQueue:
         label = f"queue {self.name!r}: send()"
         try:
             rows = [encode(env, label) for env in envelopes]
-            for env in envelopes:
-                storable_text(env, label)
         except BadEnvelope:
             self._rejections[Rejection.INVALID] = self._rejections.get(Rejection.INVALID, 0) + 1
             raise

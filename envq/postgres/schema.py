@@ -21,8 +21,12 @@ twice. The generated SQL (:func:`render`) creates, in the schema ``envq``:
 * two triggers that refuse every change of state the tables do not allow;
 * attempts under leases: ``claim`` starts attempts on ready envelopes (``FOR UPDATE
   SKIP LOCKED``), each with a lease (a token, an owner, an expiry on the database's
-  clock); ``renew`` extends every lease an owner still holds in one statement;
-  ``finish`` ends an attempt where the tables lead, only while its token holds;
+  clock); ``renew`` extends, in one statement, the leases whose tokens a node knows
+  it holds (never one it does not know of: a claim whose reply was lost is taken back
+  by ``adopt``, or expires); ``hold`` fences a decision: before ``on_failure`` runs,
+  the lease must still hold, and is extended over the hook's budget; ``finish`` ends an
+  attempt where the tables lead, only while its token holds, and records the token
+  (``ended_token``) so that a node that lost the reply can tell that it committed;
 * schedules: the ``cron`` and ``cron_tz`` columns of a calendar envelope, and
   ``next_due``, the next run of a FIXED_DELAY or FIXED_RATE envelope (the grid from the
   row's scheduled start), which the end of an attempt uses when a node passes no delay;
@@ -73,6 +77,7 @@ from envq._machine import (
 from envq._values import Schedule
 
 __all__ = [
+    "COMPATIBLE_FROM",
     "ENVELOPE_EVENTS",
     "GUARDS",
     "INITIAL_QUEUE_STATE",
@@ -91,7 +96,11 @@ __all__ = [
 SCHEMA: Final = "envq"
 #: The version of the generated schema, recorded in ``envq.schema_version``; a later
 #: release migrates from it.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
+#: The oldest schema version whose envq runs on this schema: a release whose schema
+#: keeps what an older release's nodes call sets it lower, and both share a queue
+#: during a rolling upgrade (docs/postgres.md, "Upgrades").
+COMPATIBLE_FROM: Final = 4
 
 #: SQLSTATE of an envelope move the tables do not allow.
 REFUSED_ENVELOPE_MOVE: Final = "EQ001"
@@ -467,16 +476,55 @@ COMMENT ON FUNCTION envq.claim IS
     'Starts attempts: up to how_many READY envelopes of a dispatching queue, oldest '
     'first, skipping rows other claims hold, each RUNNING under a new lease.';
 
-CREATE FUNCTION envq.renew(queue text, owner text, lease interval) RETURNS SETOF uuid
+CREATE FUNCTION envq.renew(queue text, owner text, lease interval, tokens uuid[])
+RETURNS SETOF uuid
 LANGUAGE sql AS $$
-    UPDATE envq.envelopes AS e SET lease_expires_at = clock_timestamp() + lease
-     WHERE e.queue = renew.queue AND e.lease_owner = owner AND e.state = 'running'
-       AND e.lease_expires_at > clock_timestamp()
+    -- Rows are locked in seq order, as the ends lock theirs: a renewal and an end of
+    -- the same attempts on two sessions cannot deadlock.
+    WITH mine AS MATERIALIZED (
+        SELECT m.seq FROM envq.envelopes AS m
+         WHERE m.queue = renew.queue AND m.lease_owner = owner AND m.state = 'running'
+           AND m.lease_token = ANY(tokens)
+         ORDER BY m.seq
+           FOR UPDATE)
+    UPDATE envq.envelopes AS e
+       SET lease_expires_at = greatest(e.lease_expires_at, clock_timestamp() + lease)
+      FROM mine
+     WHERE e.seq = mine.seq AND e.lease_expires_at > clock_timestamp()
     RETURNING e.lease_token
 $$;
 COMMENT ON FUNCTION envq.renew IS
-    'Extends every lease the owner still holds on the queue; returns their tokens. An '
-    'expired lease is not renewed: it is lost.';
+    'Extends the leases of the attempts a node knows it holds (their tokens, under its '
+    'owner name) by lease, never shortening one; returns the tokens renewed. An expired '
+    'lease is not renewed: it is lost. A lease the node does not know of (a claim whose '
+    'reply it lost) is not renewed either: adopt() takes it, or it expires.';
+
+CREATE FUNCTION envq.adopt(queue_name text, owner text, known uuid[], lease interval)
+RETURNS SETOF envq.envelopes
+LANGUAGE sql AS $$
+    UPDATE envq.envelopes AS e
+       SET lease_expires_at = greatest(e.lease_expires_at, clock_timestamp() + lease)
+     WHERE e.queue = queue_name AND e.lease_owner = owner AND e.state = 'running'
+       AND NOT (e.lease_token = ANY(known)) AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.*
+$$;
+COMMENT ON FUNCTION envq.adopt IS
+    'The attempts an owner holds but does not know of (known: the tokens it knows), '
+    'their leases renewed: a node whose claim''s reply was lost takes its attempts back.';
+
+CREATE FUNCTION envq.hold(seq bigint, token uuid, span interval)
+RETURNS envq.envelope_kind
+LANGUAGE sql AS $$
+    UPDATE envq.envelopes AS e
+       SET lease_expires_at = greatest(e.lease_expires_at, clock_timestamp() + span)
+     WHERE e.seq = hold.seq AND e.lease_token = token AND e.state = 'running'
+       AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.kind
+$$;
+COMMENT ON FUNCTION envq.hold IS
+    'Before a decision (on_failure): the attempt''s lease, while it still holds, '
+    'extended to cover span (the hook''s budget); the row''s kind (blacklisted: no '
+    'hook), or NULL when the lease no longer holds (the reaper decides instead).';
 
 CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
                             decision envq.decision_kind DEFAULT NULL,
@@ -495,7 +543,7 @@ BEGIN
                                         coalesce(finish.limited, false)),
            event = outcome, decision = finish.decision, cause = finish.cause,
            limited = coalesce(finish.limited, false), due_at = finish.due_at,
-           failures = coalesce(finish.failures, e.failures),
+           failures = coalesce(finish.failures, e.failures), ended_token = e.lease_token,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM envq.queues AS q
      WHERE e.seq = finish.seq AND q.name = e.queue AND e.state = 'running'
@@ -560,7 +608,7 @@ BEGIN
        SET state = envq.envelope_target('running', '{expired}', e.kind, q.state, false,
                                         expire.decision, NULL, q.stop_mode, false),
            event = '{expired}', decision = expire.decision, due_at = expire.due_at,
-           failures = coalesce(expire.failures, e.failures),
+           failures = coalesce(expire.failures, e.failures), ended_token = NULL,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM envq.queues AS q
      WHERE e.seq = expire.seq AND q.name = e.queue AND e.state = 'running'
@@ -646,6 +694,15 @@ _CLAIM_UPDATE: Final = """\
     RETURNING e.*;"""
 
 _FINISH_UPDATE: Final = """\
+    WITH f AS MATERIALIZED (
+        SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
+                   AS u(seq, token, outcome, decision, cause, delay, failures)),
+    -- Rows are locked in seq order, as a renewal locks them (no deadlock between two).
+    locked AS MATERIALIZED (
+        SELECT l.seq FROM envq.envelopes AS l
+         WHERE l.seq IN (SELECT f.seq FROM f)
+         ORDER BY l.seq
+           FOR UPDATE)
     UPDATE envq.envelopes AS e
        SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
                                         f.decision, f.cause, q.stop_mode, false),
@@ -653,13 +710,10 @@ _FINISH_UPDATE: Final = """\
            due_at = coalesce(clock_timestamp() + f.delay * interval '1 second',
                              envq.next_due(e.schedule, e.interval_s, e.due_at,
                                            clock_timestamp())),
-           failures = coalesce(f.failures, e.failures),
+           failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
-      FROM (SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
-                   AS u(seq, token, outcome, decision, cause, delay, failures)
-             ORDER BY u.seq) AS f,
-           envq.queues AS q
-     WHERE e.seq = f.seq AND q.name = e.queue AND e.state = 'running'
+      FROM f, locked, envq.queues AS q
+     WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
        AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
     RETURNING e.seq, e.state"""
 
@@ -855,9 +909,13 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         f"COMMENT ON SCHEMA {SCHEMA} IS {_q(f'envq schema version {SCHEMA_VERSION}')};\n",
         f"CREATE TABLE {SCHEMA}.schema_version (\n"
         "    version integer PRIMARY KEY,\n"
-        "    applied_at timestamptz NOT NULL DEFAULT now()\n"
+        "    applied_at timestamptz NOT NULL DEFAULT now(),\n"
+        "    -- The oldest schema version whose envq can still run on this one (its nodes\n"
+        "    -- and a newer release's can share the queue during a rolling upgrade).\n"
+        "    compatible_from integer NOT NULL\n"
         ");\n"
-        f"INSERT INTO {SCHEMA}.schema_version (version) VALUES ({SCHEMA_VERSION});\n",
+        f"INSERT INTO {SCHEMA}.schema_version (version, compatible_from)"
+        f" VALUES ({SCHEMA_VERSION}, {COMPATIBLE_FROM});\n",
         "-- The states, events and guard values of the tables.\n",
         _enum(
             "envelope_state",
@@ -953,6 +1011,9 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         "    lease_token uuid,\n"
         "    lease_owner text,\n"
         "    lease_expires_at timestamptz,\n"
+        "    -- The token of the attempt whose own node ended it last (NULL: reaped, or\n"
+        "    -- none yet): a node that lost the reply of an end finds it committed here.\n"
+        "    ended_token uuid,\n"
         "    created_at timestamptz NOT NULL DEFAULT now(),\n"
         "    updated_at timestamptz NOT NULL DEFAULT now(),\n"
         "    -- The move a state-changing statement performs and the guard values only its\n"

@@ -17,9 +17,12 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from typing import Any
 
 import asyncpg
+
+import envq
 
 _pool: asyncpg.Pool | None = None
 
@@ -79,3 +82,39 @@ async def _end(db: asyncpg.Pool, run: int, how: str) -> None:
     await db.execute(
         "UPDATE fault_runs SET ended_at = clock_timestamp(), how = $2 WHERE run = $1", run, how
     )
+
+
+async def blocking(env: Any) -> None:
+    """An attempt that blocks its node's loop for ``block`` seconds (a stall no
+    renewal can run through; only on the node ``stall_on`` names, when given), then
+    fails if ``fail`` is set."""
+    where = env.payload.get("stall_on")
+    if where is None or where == os.environ["ENVQ_FAULT_NODE"]:
+        time.sleep(float(env.payload["block"]))  # noqa: ASYNC251 - the stall is the point
+    if env.payload.get("fail"):
+        raise RuntimeError("failed after the stall")
+
+
+async def _hook(env: Any, hook: str, cause: BaseException | None) -> None:
+    db = await _db()
+    await db.execute(
+        "INSERT INTO fault_hooks (queue, key, node, hook, cause) VALUES ($1, $2, $3, $4, $5)",
+        env.payload["queue"],
+        env.id,
+        os.environ["ENVQ_FAULT_NODE"],
+        hook,
+        None if cause is None else type(cause).__name__,
+    )
+
+
+async def success_recorded(env: Any) -> None:
+    """``on_success``: records its call in ``fault_hooks``."""
+    await _hook(env, "on_success", None)
+
+
+async def failure_recorded(env: Any, cause: BaseException | None, attempt: int) -> envq.Decision:
+    """``on_failure``: records its call (and its cause's type), then drops; after
+    ``hook_sleep`` seconds when the payload says so."""
+    await _hook(env, "on_failure", cause)
+    await asyncio.sleep(float(env.payload.get("hook_sleep", 0.0)))
+    return envq.drop()

@@ -128,8 +128,17 @@ async def test_renew_extends_only_the_leases_of_the_queue_named(pg_dsn: str) -> 
         before = await conn.fetchval(
             "SELECT lease_expires_at FROM envq.envelopes WHERE queue = $1", second
         )
+        tokens = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT lease_token FROM envq.envelopes WHERE queue = ANY($1::text[])",
+                [first, second],
+            )
+        ]
         renewed = await conn.fetch(
-            "SELECT * FROM envq.renew($1, 'shared', interval '600 seconds')", first
+            "SELECT * FROM envq.renew($1, 'shared', interval '600 seconds', $2::uuid[])",
+            first,
+            tokens,
         )
         after = await conn.fetchval(
             "SELECT lease_expires_at FROM envq.envelopes WHERE queue = $1", second

@@ -2,13 +2,14 @@
 
 ``envq.claim`` takes ready envelopes (``FOR UPDATE SKIP LOCKED``) and gives each
 attempt a lease: a token, an owner and an expiry on the database's clock;
-``envq.renew`` extends every lease an owner still holds in one statement;
+``envq.renew`` extends, in one statement, the leases an owner knows it holds;
 ``envq.finish`` ends an attempt only while its token holds. Expiry is tested with
 leases that are over as soon as they are given (no sleeping).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 
@@ -169,8 +170,9 @@ async def test_a_queue_that_does_not_dispatch_gives_nothing(pg_dsn: str, state: 
 
 @pytest.mark.real_clock
 async def test_renew_extends_only_the_owners_live_leases(pg_dsn: str) -> None:
-    """One statement renews every lease an owner still holds; another owner's leases
-    and the owner's expired ones are left alone (an expired lease is lost)."""
+    """One statement renews the leases an owner holds among the tokens it names;
+    another owner's leases and the owner's expired ones are left alone (an expired
+    lease is lost)."""
     from pg_support import session  # noqa: PLC0415
 
     queue = await _queue_with_ready(pg_dsn, 5)
@@ -188,9 +190,12 @@ async def test_renew_extends_only_the_owners_live_leases(pg_dsn: str) -> None:
             "SELECT lease_expires_at FROM envq.envelopes WHERE lease_token = $1",
             other[0]["lease_token"],
         )
+        asked = [r["lease_token"] for r in (*live, *expired, *other)]
         renewed = await conn.fetch(
-            "SELECT token FROM envq.renew($1, 'node-a', interval '60 seconds') AS token",
+            "SELECT token FROM envq.renew($1, 'node-a', interval '60 seconds', $2::uuid[])"
+            " AS token",
             queue,
+            asked,
         )
         assert {r["token"] for r in renewed} == {r["lease_token"] for r in live}
         assert expired[0]["lease_token"] not in {r["token"] for r in renewed}
@@ -330,3 +335,71 @@ async def test_finish_with_an_event_that_does_not_end_an_attempt_is_refused(
                         f"SELECT envq.finish($1, $2, '{event}')", held["seq"], held["lease_token"]
                     )
             assert caught.value.sqlstate == "EQ001"  # type: ignore[attr-defined]
+
+
+@pytest.mark.real_clock
+async def test_a_renewal_and_an_end_of_the_same_attempts_never_deadlock(pg_dsn: str) -> None:
+    """A node renews its leases and ends some of the same attempts on two sessions at
+    once. The rows lie in the table in the reverse of their seq order (each was
+    rewritten last to first), and a third session holds the middle one: the renewal
+    and the end both wait for it; when it lets go, both complete (each locks its rows
+    in seq order), where locking in the table's order made them deadlock."""
+    import asyncpg  # noqa: PLC0415
+
+    queue = await _queue_with_ready(pg_dsn, 6)
+    setup = await asyncpg.connect(pg_dsn)
+    holder = await asyncpg.connect(pg_dsn)
+    renewer = await asyncpg.connect(pg_dsn)
+    ender = await asyncpg.connect(pg_dsn)
+    try:
+        claimed = await setup.fetch(
+            "SELECT seq, lease_token FROM envq.claim($1, 'node-a', 6, interval '60 seconds')",
+            queue,
+        )
+        seqs = sorted(r["seq"] for r in claimed)
+        tokens = {r["seq"]: r["lease_token"] for r in claimed}
+        for seq in reversed(seqs):
+            # Each rewritten at the table's end, last seq first, and indexed anew (a
+            # changed indexed column: no HOT update, which would keep its place).
+            await setup.execute(
+                "UPDATE envq.envelopes SET lease_expires_at = lease_expires_at"
+                " + interval '1 millisecond' WHERE seq = $1",
+                seq,
+            )
+        middle = seqs[3]
+        hold = holder.transaction()
+        await hold.start()
+        await holder.execute("SELECT 1 FROM envq.envelopes WHERE seq = $1 FOR UPDATE", middle)
+        renewal = asyncio.ensure_future(
+            renewer.fetch(
+                "SELECT * FROM envq.renew($1, 'node-a', interval '60 seconds', $2::uuid[])",
+                queue,
+                [tokens[s] for s in seqs],
+            )
+        )
+        ending = asyncio.ensure_future(
+            ender.fetch(
+                "SELECT * FROM envq.finish_many($1::bigint[], $2::uuid[],"
+                " $3::envq.envelope_event[], $4::envq.decision_kind[],"
+                " $5::envq.cancel_cause[], $6::float8[], $7::integer[])",
+                seqs,
+                [tokens[s] for s in seqs],
+                ["attempt_ok"] * len(seqs),
+                [None] * len(seqs),
+                [None] * len(seqs),
+                [0.0] * len(seqs),
+                [None] * len(seqs),
+            )
+        )
+        await asyncio.sleep(0.5)  # both are waiting for the held row by now
+        assert not renewal.done()
+        assert not ending.done()
+        await hold.rollback()
+        renewed, ended = await asyncio.wait_for(asyncio.gather(renewal, ending), 30)
+    finally:
+        for conn in (setup, holder, renewer, ender):
+            await conn.close()
+    assert sorted(r["seq"] for r in ended) == seqs
+    # Whichever came second found the leases ended (nothing left to renew) or renewed
+    # them before they ended; neither failed.
+    assert len(renewed) in (0, len(seqs))

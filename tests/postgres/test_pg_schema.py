@@ -82,4 +82,4 @@ def test_guards_are_the_situations_fields() -> None:
 
 def test_version_is_in_the_sql() -> None:
     """The schema records the generator's version."""
-    assert f"VALUES ({schema.SCHEMA_VERSION});" in render()
+    assert f"VALUES ({schema.SCHEMA_VERSION}, {schema.COMPATIBLE_FROM});" in render()

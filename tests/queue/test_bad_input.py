@@ -27,6 +27,7 @@ import pytest
 
 import envq
 from envq import BadEnvelope, BadEnvelopeType, BadIntervals
+from envq._checks import show
 from envq.testing import VirtualTimeLoop, advance, run
 from tests.support import PATIENCE, settle
 
@@ -231,7 +232,7 @@ ROWS: list[Any] = []
 def row(id_: str, call: Callable[[], object], error: type[BaseException], *parts: object) -> None:
     """Add a row: ``call()`` raises ``error`` whose message contains every part
     (a str as is, anything else as its repr)."""
-    fragments = tuple(p if isinstance(p, str) else repr(p) for p in parts)
+    fragments = tuple(p if isinstance(p, str) else show(p) for p in parts)
     ROWS.append(pytest.param(call, error, fragments, id=id_))
 
 
@@ -251,7 +252,7 @@ def seconds_rows(
     if not zero_ok:
         bad_values.append(0)
     for value in bad_values:
-        row(f"{prefix}-{value!r:.12}", make(value), values, name, repr(value))
+        row(f"{prefix}-{value!r:.12}", make(value), values, name, show(value))
     bad_types: list[object] = ["1", True, [1], Decimal("1")]
     if not none_ok:
         bad_types.append(None)
@@ -267,13 +268,13 @@ def seconds_rows(
 BT, BV = BadEnvelopeType, BadEnvelope
 row("Envelope-invoke-missing", envq.Envelope, BT, "invoke", "None")
 for v in [None, 3, "work", OBJ]:
-    row(f"Envelope-invoke-{v!r:.10}", env(invoke=v), BT, "invoke", repr(v))
+    row(f"Envelope-invoke-{v!r:.10}", env(invoke=v), BT, "invoke", show(v))
 row("Envelope-invoke-generator", env(invoke=gen_fn), BT, "invoke", "generator", gen_fn)
 row("Envelope-invoke-async-generator", env(invoke=agen_fn), BT, "invoke", "generator", agen_fn)
 row("Envelope-id-list", env(id=[1]), BT, "id", [1])
 row("Envelope-id-dict", env(id={}), BT, "id", {})
 for v in [5, None, b"t"]:
-    row(f"Envelope-type-{v!r}", env(type=v), BT, "type", repr(v))
+    row(f"Envelope-type-{v!r}", env(type=v), BT, "type", show(v))
 for field in ("interval", "deadline", "delay"):
     seconds_rows(
         f"Envelope-{field}",
@@ -285,7 +286,7 @@ for field in ("interval", "deadline", "delay"):
     )
 for hook in ("before", "after", "on_failure", "on_success"):
     for v in [3, "hook"]:
-        row(f"Envelope-{hook}-{v!r}", env(**{hook: v}), BT, hook, repr(v))
+        row(f"Envelope-{hook}-{v!r}", env(**{hook: v}), BT, hook, show(v))
     row(f"Envelope-{hook}-generator", env(**{hook: gen_fn}), BT, hook, "generator", gen_fn)
     row(f"Envelope-{hook}-async-generator", env(**{hook: agen_fn}), BT, hook, agen_fn)
 row("Envelope-stamps-int", env(stamps=5), BT, "stamps", 5)
@@ -311,20 +312,20 @@ row("evolve-deadline>interval", evolve(interval=1, deadline=5), BadIntervals, "d
 
 # Queue(...)
 for v in [5, None, b"q"]:
-    row(f"Queue-name-{v!r}", lambda v=v: envq.Queue(v), T, "name", repr(v))
+    row(f"Queue-name-{v!r}", lambda v=v: envq.Queue(v), T, "name", show(v))
 for v in ["", " ", "q\n", "a\tb", " q", "q ", "\x00", "q\u2028"]:
-    row(f"Queue-name-{v!r}", lambda v=v: envq.Queue(v), V, "name", repr(v))
+    row(f"Queue-name-{v!r}", lambda v=v: envq.Queue(v), V, "name", show(v))
 for v in [0, -1]:
-    row(f"Queue-workers-{v}", queue(workers=v), V, "workers", repr(v))
+    row(f"Queue-workers-{v}", queue(workers=v), V, "workers", show(v))
 for v in [1.5, 2.0, "2", True, None]:
-    row(f"Queue-workers-{v!r}", queue(workers=v), T, "workers", repr(v))
+    row(f"Queue-workers-{v!r}", queue(workers=v), T, "workers", show(v))
 row("Queue-capacity--1", queue(capacity=-1), V, "capacity", -1)
 for v in [1.5, "10", True, None]:
-    row(f"Queue-capacity-{v!r}", queue(capacity=v), T, "capacity", repr(v))
+    row(f"Queue-capacity-{v!r}", queue(capacity=v), T, "capacity", show(v))
 for v in ["drain", None, envq.StopMode]:
-    row(f"Queue-stop_mode-{v!r:.12}", queue(stop_mode=v), T, "stop_mode", repr(v))
+    row(f"Queue-stop_mode-{v!r:.12}", queue(stop_mode=v), T, "stop_mode", show(v))
 for v in [None, "no", 0, 1]:
-    row(f"Queue-wait-{v!r}", queue(wait=v), T, "wait", repr(v))
+    row(f"Queue-wait-{v!r}", queue(wait=v), T, "wait", show(v))
 row("Queue-stamps-int", queue(stamps=5), T, "stamps", 5)
 row("Queue-stamps-str", queue(stamps="ab"), T, "stamps", "'ab'")
 row("Queue-stamps-single", queue(stamps=plain_stamp), T, "stamps", plain_stamp)
@@ -344,27 +345,27 @@ row("Queue-hook_timeout-None", queue(hook_timeout=None), T, "hook_timeout", "Non
 row("Queue-hook_timeout-class", queue(hook_timeout=envq.HookTimeout), T, "hook_timeout", "instance")
 row("Queue-hook_timeout-float", queue(hook_timeout=0.5), T, "hook_timeout", 0.5)
 for v in [0, -1]:
-    row(f"Queue-threads-{v}", queue(threads=v), V, "threads", repr(v))
+    row(f"Queue-threads-{v}", queue(threads=v), V, "threads", show(v))
 for v in [2.5, "4", True]:
-    row(f"Queue-threads-{v!r}", queue(threads=v), T, "threads", repr(v))
+    row(f"Queue-threads-{v!r}", queue(threads=v), T, "threads", show(v))
 
 # Queue methods.
 for v in [math.nan, -1, -0.001, -math.inf, HUGE]:
-    row(f"send_wait-timeout-{v!r:.8}", on_queue("send_wait", timeout=v), V, "timeout", repr(v))
+    row(f"send_wait-timeout-{v!r:.8}", on_queue("send_wait", timeout=v), V, "timeout", show(v))
 for v in ["5", True, [1], dt.timedelta(seconds=5)]:
-    row(f"send_wait-timeout-{v!r:.8}", on_queue("send_wait", timeout=v), T, "timeout", repr(v))
+    row(f"send_wait-timeout-{v!r:.8}", on_queue("send_wait", timeout=v), T, "timeout", show(v))
 row("send-not-an-envelope", on_queue("send", 3), BT, "not an Envelope", 3)
 row("send-str", on_queue("send", "x"), BT, "not an Envelope", "'x'")
 row("send_wait-not-an-envelope", on_queue("send_wait", "e"), BT, "not an Envelope", "'e'")
 for v in ["stop", 1, envq.QueueState.STOPPED]:
-    row(f"stop-mode-{v!r:.12}", on_queue("stop", mode=v), T, "mode", repr(v))
+    row(f"stop-mode-{v!r:.12}", on_queue("stop", mode=v), T, "mode", show(v))
 for v in ["yes", None, 1]:
-    row(f"stop-cancel-{v!r}", on_queue("stop", cancel=v), T, "cancel", repr(v))
+    row(f"stop-cancel-{v!r}", on_queue("stop", cancel=v), T, "cancel", show(v))
 for v in ["no", 0]:
-    row(f"stop-wait-{v!r}", on_queue("stop", wait=v), T, "wait", repr(v))
+    row(f"stop-wait-{v!r}", on_queue("stop", wait=v), T, "wait", show(v))
 row("stop-cancel-with-drain", on_queue("stop", envq.StopMode.DRAIN, cancel=True), V, "cancel")
 for v in [3, None, "cb"]:
-    row(f"subscribe-{v!r}", on_queue("subscribe", v), T, "listener", repr(v))
+    row(f"subscribe-{v!r}", on_queue("subscribe", v), T, "listener", show(v))
 row(
     "subscribe-async", on_queue("subscribe", async_listener), T, "listener", "async", async_listener
 )
@@ -372,13 +373,13 @@ row("subscribe-generator", on_queue("subscribe", gen_listener), T, "listener", g
 
 # Retry(...)
 for v in [0, -2, -10]:
-    row(f"Retry-attempts-{v}", lambda v=v: envq.Retry(attempts=v), V, "attempts", repr(v))
+    row(f"Retry-attempts-{v}", lambda v=v: envq.Retry(attempts=v), V, "attempts", show(v))
 for v in [True, 2.0, "3", None]:
-    row(f"Retry-attempts-{v!r}", lambda v=v: envq.Retry(attempts=v), T, "attempts", repr(v))
+    row(f"Retry-attempts-{v!r}", lambda v=v: envq.Retry(attempts=v), T, "attempts", show(v))
 seconds_rows("Retry-base", lambda v: lambda: envq.Retry(base=v), "base")
 seconds_rows("Retry-cap", lambda v: lambda: envq.Retry(cap=v), "cap")
 for v in ["no", None, 0, 1]:
-    row(f"Retry-jitter-{v!r}", lambda v=v: envq.Retry(jitter=v), T, "jitter", repr(v))
+    row(f"Retry-jitter-{v!r}", lambda v=v: envq.Retry(jitter=v), T, "jitter", show(v))
 row("Retry-rng-int", lambda: envq.Retry(rng=42), T, "rng", 42)
 row("Retry-rng-class", lambda: envq.Retry(rng=random.Random), T, "rng", "instance")
 
@@ -393,7 +394,7 @@ for v in ["0.5", True, None]:
         lambda v=v: envq.HookTimeout(fraction=v),
         T,
         "fraction",
-        repr(v),
+        show(v),
     )
 seconds_rows(
     "HookTimeout-floor",
@@ -404,19 +405,19 @@ seconds_rows(
 
 # retry_after(...)
 for v in [math.nan, math.inf, -math.inf, HUGE]:
-    row(f"retry_after-{v!r:.8}", lambda v=v: envq.retry_after(v), V, "seconds", repr(v))
+    row(f"retry_after-{v!r:.8}", lambda v=v: envq.retry_after(v), V, "seconds", show(v))
 for v in ["1", None, True, [1]]:
-    row(f"retry_after-{v!r}", lambda v=v: envq.retry_after(v), T, "seconds", repr(v))
+    row(f"retry_after-{v!r}", lambda v=v: envq.retry_after(v), T, "seconds", show(v))
 
 # Limiters.
 for v in [0, -1, math.nan, math.inf, HUGE]:
-    row(f"TokenBucket-rate-{v!r:.8}", lambda v=v: envq.TokenBucket(v), V, "rate", repr(v))
+    row(f"TokenBucket-rate-{v!r:.8}", lambda v=v: envq.TokenBucket(v), V, "rate", show(v))
 for v in ["5", True, None]:
-    row(f"TokenBucket-rate-{v!r}", lambda v=v: envq.TokenBucket(v), T, "rate", repr(v))
+    row(f"TokenBucket-rate-{v!r}", lambda v=v: envq.TokenBucket(v), T, "rate", show(v))
 for v in [0, -1, HUGE]:
-    row(f"TokenBucket-burst-{v!r:.8}", lambda v=v: envq.TokenBucket(5, v), V, "burst", repr(v))
+    row(f"TokenBucket-burst-{v!r:.8}", lambda v=v: envq.TokenBucket(5, v), V, "burst", show(v))
 for v in [1.5, True, "10", None]:
-    row(f"TokenBucket-burst-{v!r}", lambda v=v: envq.TokenBucket(5, v), T, "burst", repr(v))
+    row(f"TokenBucket-burst-{v!r}", lambda v=v: envq.TokenBucket(5, v), T, "burst", show(v))
 row("TokenBucket-clock-int", lambda: envq.TokenBucket(5, clock=3), T, "clock", 3)
 row("TokenBucket-clock-async", lambda: envq.TokenBucket(5, clock=async_clock), T, "clock", "async")
 seconds_rows(
@@ -431,11 +432,11 @@ for v in [0, math.inf]:
         lambda v=v: envq.ExponentialBackoff(cap=v),
         V,
         "cap",
-        repr(v),
+        show(v),
     )
 row("ExponentialBackoff-cap-None", lambda: envq.ExponentialBackoff(cap=None), T, "cap", "None")
 for v in [-1, math.nan, HUGE]:
-    row(f"FastSlow-fast-{v!r:.8}", lambda v=v: envq.FastSlow(v, 1, 1), V, "fast", repr(v))
+    row(f"FastSlow-fast-{v!r:.8}", lambda v=v: envq.FastSlow(v, 1, 1), V, "fast", show(v))
 row("FastSlow-fast-str", lambda: envq.FastSlow("1", 1, 1), T, "fast", "'1'")
 row("FastSlow-slow-inf", lambda: envq.FastSlow(1, math.inf, 1), V, "slow", "inf")
 row("FastSlow-slow-None", lambda: envq.FastSlow(1, None, 1), T, "slow", "None")
@@ -446,7 +447,7 @@ for v in [1.0, True, "2"]:
         lambda v=v: envq.FastSlow(1, 2, v),
         T,
         "fast_attempts",
-        repr(v),
+        show(v),
     )
 row("MaxOf-none", envq.MaxOf, V, "MaxOf", "at least one")
 row("MaxOf-class", lambda: envq.MaxOf(envq.TokenBucket), T, "limiters[0]", "instance")
@@ -456,7 +457,7 @@ row("MaxOf-async-when", lambda: envq.MaxOf(AsyncWhen()), T, "limiters[0]", "asyn
 
 # Task(...) and its builder.
 for v in [3, None, "fn"]:
-    row(f"Task-fn-{v!r}", lambda v=v: envq.Task(v), T, "fn", repr(v))
+    row(f"Task-fn-{v!r}", lambda v=v: envq.Task(v), T, "fn", show(v))
 row("Task-fn-generator", lambda: envq.Task(gen_task), T, "fn", "generator", gen_task)
 row("Task-fn-async-generator", lambda: envq.Task(agen_task), T, "fn", agen_task)
 row("Task.rng-int", lambda: envq.Task(task_fn).rng(42), T, "rng", 42)
@@ -465,9 +466,9 @@ row("Task-args-extra", lambda: envq.Task(task_fn, 1), T, "task_fn", "arguments")
 row("Task-kwargs-unknown", lambda: envq.Task(task_fn, rng=3), T, "task_fn", "rng")
 row("submit-args-missing", lambda: envq.submit(divmod_fn, 1), T, "divmod_fn", "'b'")
 for v in [0, -2]:
-    row(f"Task.retries-{v}", task("retries", v), V, "retries", repr(v))
+    row(f"Task.retries-{v}", task("retries", v), V, "retries", show(v))
 for v in [2.0, True, "3", None]:
-    row(f"Task.retries-{v!r}", task("retries", v), T, "retries", repr(v))
+    row(f"Task.retries-{v!r}", task("retries", v), T, "retries", show(v))
 seconds_rows(
     "Task.max_timeout",
     lambda v: task("max_timeout", v),
@@ -478,11 +479,11 @@ seconds_rows(
 seconds_rows("Task.backoff", lambda v: task("backoff", v), "backoff", timedelta=True)
 seconds_rows("Task.within", lambda v: task("within", v), "within", timedelta=True)
 for v in [3, None, "cb"]:
-    row(f"Task.after-{v!r}", task("after", v), T, "after", repr(v))
+    row(f"Task.after-{v!r}", task("after", v), T, "after", show(v))
 row("Task.after-generator", task("after", gen_fn), T, "after", "generator")
 row("Task.not_before-naive", task("not_before", NAIVE), V, "not_before", NAIVE)
 for v in ["tomorrow", None, DATE, 0]:
-    row(f"Task.not_before-{v!r}", task("not_before", v), T, "not_before", repr(v))
+    row(f"Task.not_before-{v!r}", task("not_before", v), T, "not_before", show(v))
 
 # TaskQueue(...), BackgroundQueue(...) and the task API's functions.
 row("TaskQueue-name-int", lambda: envq.TaskQueue(5), T, "TaskQueue", "name", 5)
@@ -530,15 +531,15 @@ row("BackgroundQueue.submit-int", background("submit", 3), T, "fn", 3)
 row("BackgroundQueue.enqueue-int", background("enqueue", 3), BT, "task must be a Task", 3)
 row("enqueue-fn", lambda: envq.enqueue(print), BT, "task must be a Task", "print")
 for v in [-1, math.nan, -math.inf, HUGE]:
-    row(f"BackgroundQueue.shutdown-{v!r:.8}", background("shutdown", v), V, "timeout", repr(v))
+    row(f"BackgroundQueue.shutdown-{v!r:.8}", background("shutdown", v), V, "timeout", show(v))
 for v in ["1", True]:
-    row(f"BackgroundQueue.shutdown-{v!r}", background("shutdown", v), T, "timeout", repr(v))
+    row(f"BackgroundQueue.shutdown-{v!r}", background("shutdown", v), T, "timeout", show(v))
 row("submit-int", lambda: envq.submit(3), T, "fn", 3)
 row("submit-generator", lambda: envq.submit(gen_task), T, "fn", "generator")
 for v in [-1, math.nan, HUGE]:
-    row(f"shutdown-timeout-{v!r:.8}", lambda v=v: envq.shutdown(timeout=v), V, "timeout", repr(v))
+    row(f"shutdown-timeout-{v!r:.8}", lambda v=v: envq.shutdown(timeout=v), V, "timeout", show(v))
 for v in ["1", False]:
-    row(f"shutdown-timeout-{v!r}", lambda v=v: envq.shutdown(timeout=v), T, "timeout", repr(v))
+    row(f"shutdown-timeout-{v!r}", lambda v=v: envq.shutdown(timeout=v), T, "timeout", show(v))
 row("shutdown-queue-int", lambda: envq.shutdown(3), T, "queues[0]", 3)
 row("shutdown-queue-None", lambda: envq.shutdown(None), T, "queues[0]", "None")
 row(
@@ -554,7 +555,7 @@ row("logging_stamp-logger-str", lambda: envq.logging_stamp("envq"), T, "logger",
 row("logging_stamp-logger-int", lambda: envq.logging_stamp(3), T, "logger", 3)
 row("logging_stamp-level--1", lambda: envq.logging_stamp(level=-1), V, "level", -1)
 for v in ["INFO", 1.5, True, None]:
-    row(f"logging_stamp-level-{v!r}", lambda v=v: envq.logging_stamp(level=v), T, "level", repr(v))
+    row(f"logging_stamp-level-{v!r}", lambda v=v: envq.logging_stamp(level=v), T, "level", show(v))
 row("otel_stamp-tracer-int", lambda: envq.otel_stamp(3), T, "tracer", 3)
 row("otel_stamp-tracer-str", lambda: envq.otel_stamp("t"), T, "tracer", "'t'")
 for v in [3, None, "q"]:
@@ -563,7 +564,7 @@ for v in [3, None, "q"]:
         lambda v=v: envq.prometheus_metrics(v),
         T,
         "queue",
-        repr(v),
+        show(v),
     )
 for v in [3, {}]:
     row(
@@ -581,30 +582,30 @@ row(
     3,
 )
 for v in [-1, 65536, HUGE]:
-    row(f"serve_metrics-port-{v!r:.8}", lambda v=v: envq.serve_metrics(v), V, "port", repr(v))
+    row(f"serve_metrics-port-{v!r:.8}", lambda v=v: envq.serve_metrics(v), V, "port", show(v))
 for v in [80.0, "80", True, None]:
-    row(f"serve_metrics-port-{v!r}", lambda v=v: envq.serve_metrics(v), T, "port", repr(v))
+    row(f"serve_metrics-port-{v!r}", lambda v=v: envq.serve_metrics(v), T, "port", show(v))
 for v in [3, None]:
-    row(f"serve_metrics-host-{v!r}", lambda v=v: envq.serve_metrics(host=v), T, "host", repr(v))
+    row(f"serve_metrics-host-{v!r}", lambda v=v: envq.serve_metrics(host=v), T, "host", show(v))
 row("serve_metrics-registry-int", lambda: envq.serve_metrics(registry=3), T, "registry", 3)
 
 # envq.testing.
 row("run-coro-function", lambda: run(coro_fn), T, "coro", coro_fn)
 row("run-coro-int", lambda: run(3), T, "coro", 3)
 for v in [math.nan, math.inf, HUGE]:
-    row(f"run-wall_start-{v!r:.8}", run_with(wall_start=v), V, "wall_start", repr(v))
+    row(f"run-wall_start-{v!r:.8}", run_with(wall_start=v), V, "wall_start", show(v))
 row("run-wall_start-str", run_with(wall_start="now"), T, "wall_start", "'now'")
 for v in [-1, math.inf]:
-    row(f"run-thread_grace-{v!r}", run_with(thread_grace=v), V, "thread_grace", repr(v))
+    row(f"run-thread_grace-{v!r}", run_with(thread_grace=v), V, "thread_grace", show(v))
 row("run-thread_grace-None", run_with(thread_grace=None), T, "thread_grace", "None")
 for v in [0, -1, math.nan]:
-    row(f"run-idle_timeout-{v!r}", run_with(idle_timeout=v), V, "idle_timeout", repr(v))
+    row(f"run-idle_timeout-{v!r}", run_with(idle_timeout=v), V, "idle_timeout", show(v))
 row("run-idle_timeout-str", run_with(idle_timeout="30"), T, "idle_timeout", "'30'")
 row("VirtualTimeLoop-wall_start-inf", loop(wall_start=math.inf), V, "wall_start", "inf")
 row("VirtualTimeLoop-thread_grace-nan", loop(thread_grace=math.nan), V, "thread_grace", "nan")
 row("VirtualTimeLoop-idle_timeout-None", loop(idle_timeout=None), T, "idle_timeout", "None")
 for v in [-1, math.nan, math.inf]:
-    row(f"advance-{v!r}", in_run(lambda v=v: advance(v)), V, "seconds", repr(v))
+    row(f"advance-{v!r}", in_run(lambda v=v: advance(v)), V, "seconds", show(v))
 row("advance-str", in_run(lambda: advance("1")), T, "seconds", "'1'")
 
 

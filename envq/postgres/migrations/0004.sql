@@ -1,0 +1,214 @@
+-- envq schema migration: version 3 -> 4 (frozen: never edit a released migration).
+-- Leases are renewed by token (a claim whose reply was lost is not kept alive by
+-- its owner: adopt() takes it back, or it expires); hold() fences a decision; an
+-- end records its token (ended_token); schema_version names the oldest version
+-- whose envq still runs on this one.
+ALTER TABLE envq.schema_version ADD COLUMN compatible_from integer;
+UPDATE envq.schema_version SET compatible_from = version;
+ALTER TABLE envq.schema_version ALTER COLUMN compatible_from SET NOT NULL;
+ALTER TABLE envq.envelopes ADD COLUMN ended_token uuid;
+DROP FUNCTION envq.renew(text, text, interval);
+CREATE FUNCTION envq.renew(queue text, owner text, lease interval, tokens uuid[])
+RETURNS SETOF uuid
+LANGUAGE sql AS $$
+    -- Rows are locked in seq order, as the ends lock theirs: a renewal and an end of
+    -- the same attempts on two sessions cannot deadlock.
+    WITH mine AS MATERIALIZED (
+        SELECT m.seq FROM envq.envelopes AS m
+         WHERE m.queue = renew.queue AND m.lease_owner = owner AND m.state = 'running'
+           AND m.lease_token = ANY(tokens)
+         ORDER BY m.seq
+           FOR UPDATE)
+    UPDATE envq.envelopes AS e
+       SET lease_expires_at = greatest(e.lease_expires_at, clock_timestamp() + lease)
+      FROM mine
+     WHERE e.seq = mine.seq AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.lease_token
+$$;
+COMMENT ON FUNCTION envq.renew IS
+    'Extends the leases of the attempts a node knows it holds (their tokens, under its '
+    'owner name) by lease, never shortening one; returns the tokens renewed. An expired '
+    'lease is not renewed: it is lost. A lease the node does not know of (a claim whose '
+    'reply it lost) is not renewed either: adopt() takes it, or it expires.';
+
+CREATE FUNCTION envq.adopt(queue_name text, owner text, known uuid[], lease interval)
+RETURNS SETOF envq.envelopes
+LANGUAGE sql AS $$
+    UPDATE envq.envelopes AS e
+       SET lease_expires_at = greatest(e.lease_expires_at, clock_timestamp() + lease)
+     WHERE e.queue = queue_name AND e.lease_owner = owner AND e.state = 'running'
+       AND NOT (e.lease_token = ANY(known)) AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.*
+$$;
+COMMENT ON FUNCTION envq.adopt IS
+    'The attempts an owner holds but does not know of (known: the tokens it knows), '
+    'their leases renewed: a node whose claim''s reply was lost takes its attempts back.';
+
+CREATE FUNCTION envq.hold(seq bigint, token uuid, span interval)
+RETURNS envq.envelope_kind
+LANGUAGE sql AS $$
+    UPDATE envq.envelopes AS e
+       SET lease_expires_at = greatest(e.lease_expires_at, clock_timestamp() + span)
+     WHERE e.seq = hold.seq AND e.lease_token = token AND e.state = 'running'
+       AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.kind
+$$;
+COMMENT ON FUNCTION envq.hold IS
+    'Before a decision (on_failure): the attempt''s lease, while it still holds, '
+    'extended to cover span (the hook''s budget); the row''s kind (blacklisted: no '
+    'hook), or NULL when the lease no longer holds (the reaper decides instead).';
+
+CREATE OR REPLACE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
+                            decision envq.decision_kind DEFAULT NULL,
+                            cause envq.cancel_cause DEFAULT NULL,
+                            limited boolean DEFAULT false,
+                            due_at timestamptz DEFAULT NULL,
+                            failures integer DEFAULT NULL)
+RETURNS envq.envelope_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    ended envq.envelope_state;
+BEGIN
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', outcome, e.kind, q.state, false,
+                                        finish.decision, finish.cause, q.stop_mode,
+                                        coalesce(finish.limited, false)),
+           event = outcome, decision = finish.decision, cause = finish.cause,
+           limited = coalesce(finish.limited, false), due_at = finish.due_at,
+           failures = coalesce(finish.failures, e.failures), ended_token = e.lease_token,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM envq.queues AS q
+     WHERE e.seq = finish.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = finish.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.state INTO ended;
+    RETURN ended;
+END
+$$;
+COMMENT ON FUNCTION envq.finish IS
+    'Ends an attempt with its outcome, moving the envelope where the tables lead, only '
+    'while the attempt''s token holds; NULL when it does not (nothing changed).';
+
+CREATE OR REPLACE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
+                                 outcomes envq.envelope_event[],
+                                 decisions envq.decision_kind[],
+                                 causes envq.cancel_cause[], delays double precision[],
+                                 failures integer[])
+RETURNS TABLE (seq bigint, state envq.envelope_state)
+LANGUAGE sql AS $$
+    WITH f AS MATERIALIZED (
+        SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
+                   AS u(seq, token, outcome, decision, cause, delay, failures)),
+    -- Rows are locked in seq order, as a renewal locks them (no deadlock between two).
+    locked AS MATERIALIZED (
+        SELECT l.seq FROM envq.envelopes AS l
+         WHERE l.seq IN (SELECT f.seq FROM f)
+         ORDER BY l.seq
+           FOR UPDATE)
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
+                                        f.decision, f.cause, q.stop_mode, false),
+           event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
+           due_at = coalesce(clock_timestamp() + f.delay * interval '1 second',
+                             envq.next_due(e.schedule, e.interval_s, e.due_at,
+                                           clock_timestamp())),
+           failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM f, locked, envq.queues AS q
+     WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.seq, e.state
+$$;
+COMMENT ON FUNCTION envq.finish_many IS
+    'finish for many attempts in one statement (one commit): the rows it returns are '
+    'the attempts whose token held; the others changed nothing.';
+
+CREATE OR REPLACE FUNCTION envq.finish_and_claim(end_seqs bigint[], end_tokens uuid[],
+                                      end_outcomes envq.envelope_event[],
+                                      end_decisions envq.decision_kind[],
+                                      end_causes envq.cancel_cause[],
+                                      end_delays double precision[],
+                                      end_failures integer[],
+                                      queue_name text, owner text, how_many integer,
+                                      lease interval)
+RETURNS SETOF envq.envelopes
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- The ends (as finish_many; every returned row is not RUNNING), then in the same
+    -- transaction, durable, the claim of up to how_many (RUNNING, owned by owner): a
+    -- node that ends attempts starts the next ones in one round trip.
+    RETURN QUERY
+    WITH f AS MATERIALIZED (
+        SELECT * FROM unnest(end_seqs, end_tokens, end_outcomes, end_decisions, end_causes,
+                          end_delays, end_failures)
+                   AS u(seq, token, outcome, decision, cause, delay, failures)),
+    -- Rows are locked in seq order, as a renewal locks them (no deadlock between two).
+    locked AS MATERIALIZED (
+        SELECT l.seq FROM envq.envelopes AS l
+         WHERE l.seq IN (SELECT f.seq FROM f)
+         ORDER BY l.seq
+           FOR UPDATE)
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
+                                        f.decision, f.cause, q.stop_mode, false),
+           event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
+           due_at = coalesce(clock_timestamp() + f.delay * interval '1 second',
+                             envq.next_due(e.schedule, e.interval_s, e.due_at,
+                                           clock_timestamp())),
+           failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM f, locked, envq.queues AS q
+     WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.*;
+    IF how_many > 0 THEN
+        RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = 'ready'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
+         ORDER BY c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
+    UPDATE envq.envelopes AS e
+       SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,
+           lease_token = gen_random_uuid(), lease_owner = owner,
+           lease_expires_at = clock_timestamp() + lease
+      FROM picked
+     WHERE e.seq = picked.seq
+    RETURNING e.*;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION envq.finish_and_claim IS
+    'finish_many, then claim up to how_many more, in one transaction: the ended rows '
+    '(not running) and the claimed ones (running).';
+
+CREATE OR REPLACE FUNCTION envq.expire(seq bigint, token uuid,
+                            decision envq.decision_kind DEFAULT NULL,
+                            due_at timestamptz DEFAULT NULL,
+                            failures integer DEFAULT NULL)
+RETURNS envq.envelope_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    ended envq.envelope_state;
+BEGIN
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', 'attempt_expired', e.kind, q.state, false,
+                                        expire.decision, NULL, q.stop_mode, false),
+           event = 'attempt_expired', decision = expire.decision, due_at = expire.due_at,
+           failures = coalesce(expire.failures, e.failures), ended_token = NULL,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM envq.queues AS q
+     WHERE e.seq = expire.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = expire.token AND e.lease_expires_at <= clock_timestamp()
+    RETURNING e.state INTO ended;
+    RETURN ended;
+END
+$$;
+COMMENT ON FUNCTION envq.expire IS
+    'Ends an attempt whose lease expired (the reaper''s move), where the tables lead, '
+    'only while that lease is still the attempt''s; NULL when it is not.';
+
+COMMENT ON SCHEMA envq IS 'envq schema version 4';
+INSERT INTO envq.schema_version (version, compatible_from) VALUES (4, 4);
