@@ -32,6 +32,7 @@ from types import FunctionType
 from typing import Any, Final, TypeVar, cast
 
 __all__ = [
+    "SHOW_LIMIT",
     "aware_datetime",
     "callable_",
     "finite",
@@ -47,7 +48,6 @@ __all__ = [
     "optional_flag",
     "plain_callable",
     "seconds",
-    "SHOW_LIMIT",
     "show",
     "stamps",
     "timeout",

@@ -107,6 +107,7 @@ LEASE_MIN: Final = 0.1
 #: a lease of years would outrun PostgreSQL's intervals and timestamps).
 LEASE_MAX: Final = 86400.0
 
+
 def check_dsn(where: str, dsn: object) -> str:
     """``dsn``: a str naming a database (its text is checked by the driver)."""
     if not isinstance(dsn, str):

@@ -1045,9 +1045,7 @@ class Node:
     async def _committed(self, batch: list[_Ending]) -> list[Row]:
         """Of ``batch``, the ends a statement whose reply was lost committed."""
         async with self._host._session() as conn:
-            return list(
-                await conn.fetch(_ENDED, [e.seq for e in batch], [e.token for e in batch])
-            )
+            return list(await conn.fetch(_ENDED, [e.seq for e in batch], [e.token for e in batch]))
 
     async def _end(self, batch: list[_Ending], how_many: int) -> list[Row]:
         """End the attempts of ``batch`` and claim up to ``how_many`` more, in one

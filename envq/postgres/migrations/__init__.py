@@ -145,4 +145,3 @@ async def install(conn: asyncpg.Connection) -> tuple[int | None, int]:
         check(now, "install()")
         assert now is not None
         return found.version, now.version
-
