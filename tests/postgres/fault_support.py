@@ -353,9 +353,7 @@ async def check_history(
             " WHERE e.queue = $1 ORDER BY m.n",
             queue,
         )
-        recorded = await conn.fetch(
-            "SELECT * FROM fault_runs WHERE queue = $1 ORDER BY run", queue
-        )
+        recorded = await conn.fetch("SELECT * FROM fault_runs WHERE queue = $1 ORDER BY run", queue)
     finally:
         await conn.close()
     found = [json.loads(r["id"]) for r in rows]
