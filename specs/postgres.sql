@@ -387,7 +387,11 @@ CREATE TABLE envq.envelopes (
 -- Dedup by id among live envelopes (the states that count against capacity).
 CREATE UNIQUE INDEX envelopes_live_id ON envq.envelopes (queue, id)
     WHERE id IS NOT NULL AND state IN ('buffered', 'ready', 'delayed', 'running', 'parked');
-CREATE INDEX envelopes_ready ON envq.envelopes (queue, seq) WHERE state = 'ready';
+-- Ready envelopes in the order they became ready (the trigger stamps updated_at
+-- with each move), as the in-process ready deque: a claim reads this index
+-- alone (ordered by seq, the primary key's order, the planner scanned the
+-- primary key past every ended row at its head).
+CREATE INDEX envelopes_ready ON envq.envelopes (queue, updated_at, seq) WHERE state = 'ready';
 CREATE INDEX envelopes_due ON envq.envelopes (queue, due_at) WHERE state = 'delayed';
 CREATE INDEX envelopes_leases ON envq.envelopes (lease_expires_at) WHERE state = 'running';
 
@@ -608,7 +612,7 @@ BEGIN
          WHERE c.queue = queue_name AND c.state = 'ready'
            AND EXISTS (SELECT FROM envq.queues AS q
                         WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
-         ORDER BY c.seq
+         ORDER BY c.updated_at, c.seq
          LIMIT how_many
            FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
@@ -621,8 +625,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION envq.claim IS
-    'Starts attempts: up to how_many READY envelopes of a dispatching queue, oldest '
-    'first, skipping rows other claims hold, each RUNNING under a new lease.';
+    'Starts attempts: up to how_many READY envelopes of a dispatching queue, the longest '
+    'ready first, skipping rows other claims hold, each RUNNING under a new lease.';
 
 CREATE FUNCTION envq.renew(queue text, owner text, lease interval, tokens uuid[])
 RETURNS SETOF uuid
@@ -783,7 +787,7 @@ BEGIN
          WHERE c.queue = queue_name AND c.state = 'ready'
            AND EXISTS (SELECT FROM envq.queues AS q
                         WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
-         ORDER BY c.seq
+         ORDER BY c.updated_at, c.seq
          LIMIT how_many
            FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
@@ -883,6 +887,75 @@ ALTER TABLE envq.queues ADD COLUMN capacity integer NOT NULL DEFAULT 0
     CONSTRAINT queues_capacity CHECK (capacity >= 0);
 COMMENT ON COLUMN envq.queues.capacity IS
     'The most live envelopes the queue holds (0: no limit), set when the row is created.';
+
+-- ------------------------------------------------------------------------------------
+-- The counts: how many envelopes of each queue are in each state, kept with every
+-- move (statement triggers: one update per state a statement changes, not per row),
+-- so that a send's capacity check and a queue's statistics cost the same at 100 and
+-- at 1,000,000 envelopes. Each session adds to a slot of its own (its backend's pid
+-- modulo 64): the ends of many nodes do not queue up on one row.
+-- ------------------------------------------------------------------------------------
+CREATE TABLE envq.counts (
+    queue text NOT NULL,
+    state envq.envelope_state NOT NULL,
+    slot smallint NOT NULL,
+    n bigint NOT NULL,
+    PRIMARY KEY (queue, state, slot)
+);
+COMMENT ON TABLE envq.counts IS
+    'Envelopes per queue and state: the sum of n over the slots (kept by the triggers).';
+
+CREATE FUNCTION envq.count_moves() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    mine smallint := pg_backend_pid() % 64;
+BEGIN
+    -- In (queue, state) order: two statements add to the same rows in the same order.
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO envq.counts AS c (queue, state, slot, n)
+        SELECT m.queue, m.state, mine, count(*) FROM new_rows AS m
+         GROUP BY m.queue, m.state ORDER BY m.queue, m.state
+        ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + excluded.n;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO envq.counts AS c (queue, state, slot, n)
+        SELECT m.queue, m.state, mine, -count(*) FROM old_rows AS m
+         GROUP BY m.queue, m.state ORDER BY m.queue, m.state
+        ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + excluded.n;
+    ELSE
+        INSERT INTO envq.counts AS c (queue, state, slot, n)
+        SELECT d.queue, d.state, mine, sum(d.n) FROM (
+                   SELECT m.queue, m.state, 1 AS n FROM new_rows AS m
+                   UNION ALL
+                   SELECT m.queue, m.state, -1 AS n FROM old_rows AS m) AS d
+         GROUP BY d.queue, d.state HAVING sum(d.n) <> 0 ORDER BY d.queue, d.state
+        ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + excluded.n;
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION envq.count_moves() IS
+    'Keeps envq.counts: what a statement added to and took from each (queue, state).';
+CREATE TRIGGER envelopes_count_inserts AFTER INSERT ON envq.envelopes
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.count_moves();
+CREATE TRIGGER envelopes_count_updates AFTER UPDATE ON envq.envelopes
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.count_moves();
+CREATE TRIGGER envelopes_count_deletes AFTER DELETE ON envq.envelopes
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.count_moves();
+
+CREATE FUNCTION envq.count_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM envq.counts;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION envq.count_truncate() IS
+    'Empties envq.counts when envq.envelopes is truncated.';
+CREATE TRIGGER envelopes_count_truncate AFTER TRUNCATE ON envq.envelopes
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.count_truncate();
 
 -- ------------------------------------------------------------------------------------
 -- The journal: an optional record of every move of a queue, for checking a deployment

@@ -136,8 +136,9 @@ async def _migrate(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
 _STATUS: Final = """
 SELECT q.name, q.state::text AS state, q.capacity, q.blacklist,
        coalesce((SELECT jsonb_object_agg(s.state, s.n) FROM
-                   (SELECT e.state::text AS state, count(*) AS n FROM envq.envelopes AS e
-                     WHERE e.queue = q.name GROUP BY e.state) AS s), '{}'::jsonb) AS counts,
+                   (SELECT c.state::text AS state, sum(c.n) AS n FROM envq.counts AS c
+                     WHERE c.queue = q.name GROUP BY c.state HAVING sum(c.n) <> 0) AS s),
+                '{}'::jsonb) AS counts,
        coalesce((SELECT jsonb_agg(jsonb_build_object('owner', l.owner, 'running', l.n,
                                                      'expires_in_s', l.expires)
                                   ORDER BY l.owner) FROM

@@ -258,10 +258,11 @@ async def check_room(
     await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", name)
     # A dedup (an id live already, or twice in the batch) takes no room. The room and
     # the dedup are read in one statement (one snapshot): an attempt ending between
-    # two reads would count its envelope live and new.
+    # two reads would count its envelope live and new. The room is the kept counts'
+    # (envq.counts), not a count of rows: it costs the same at any backlog.
     ids = [e.id for e in rows if e.id is not None]
     room = await conn.fetchrow(
-        "SELECT (SELECT count(*) FROM envq.envelopes WHERE queue = $1"
+        "SELECT (SELECT coalesce(sum(n), 0) FROM envq.counts WHERE queue = $1"
         " AND state = ANY($3::envq.envelope_state[])) AS live,"
         " (SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
         " WHERE NOT EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = $1"

@@ -693,10 +693,7 @@ class PgQueue:
         as rows, so they count since the queue was made), those in flight and the
         capacity used are the shared queue's, read from the database; the outcomes,
         dedups, rejected sends and stuck threads are this process's."""
-        found = await self._db().fetch(
-            "SELECT state::text, count(*) FROM envq.envelopes WHERE queue = $1 GROUP BY state",
-            self.name,
-        )
+        found = await self._db().fetch(_COUNTS, self.name)
         by_state = {EnvState(state): n for state, n in found}
         return Statistics(
             state=await self.state(),
@@ -714,12 +711,17 @@ class PgQueue:
 
     @on_its_loop
     async def counts(self) -> dict[str, int]:
-        """How many envelopes of the queue are in each state now."""
-        rows = await self._db().fetch(
-            "SELECT state::text, count(*) FROM envq.envelopes WHERE queue = $1 GROUP BY state",
-            self.name,
-        )
+        """How many envelopes of the queue are in each state now (the database's kept
+        counts: the same cost at any backlog)."""
+        rows = await self._db().fetch(_COUNTS, self.name)
         return {r[0]: r[1] for r in rows}
+
+
+#: The envelopes of a queue per state, from the counts the database keeps.
+_COUNTS: Final = (
+    "SELECT state::text, sum(n)::bigint FROM envq.counts WHERE queue = $1"
+    " GROUP BY state HAVING sum(n) <> 0"
+)
 
 
 async def _admit(conn: _Conn, name: str, rows: Sequence[Encoded]) -> tuple[int, str, int]:

@@ -2,7 +2,9 @@
 -- Leases are renewed by token (a claim whose reply was lost is not kept alive by
 -- its owner: adopt() takes it back, or it expires); hold() fences a decision; an
 -- end records its token (ended_token); schema_version names the oldest version
--- whose envq still runs on this one.
+-- whose envq still runs on this one; envq.counts keeps the envelopes per state (a
+-- send's capacity check no longer counts rows); ready envelopes are claimed in the
+-- order they became ready, from an index of their own.
 ALTER TABLE envq.schema_version ADD COLUMN compatible_from integer;
 UPDATE envq.schema_version SET compatible_from = version;
 ALTER TABLE envq.schema_version ALTER COLUMN compatible_from SET NOT NULL;
@@ -57,6 +59,51 @@ COMMENT ON FUNCTION envq.hold IS
     'Before a decision (on_failure): the attempt''s lease, while it still holds, '
     'extended to cover span (the hook''s budget); the row''s kind (blacklisted: no '
     'hook), or NULL when the lease no longer holds (the reaper decides instead).';
+
+CREATE OR REPLACE FUNCTION envq.claim(queue_name text, owner text, how_many integer, lease interval)
+RETURNS SETOF envq.envelopes
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF how_many IS NULL OR how_many < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: how_many must be at least 1, not %s',
+                             coalesce(how_many::text, 'NULL'));
+    END IF;
+    IF lease IS NULL OR lease < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: lease must not be negative, not %s',
+                             coalesce(lease::text, 'NULL'));
+    END IF;
+    IF owner IS NULL OR owner = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('envq.claim: owner must be a non-empty name, not %L', owner);
+    END IF;
+    -- A claim does not wait for the WAL flush: one a crash forgets has no committed
+    -- end (an end's commit flushes the claim before it), so its envelope is READY
+    -- again and runs again, as at-least-once allows; the forgotten attempt's end is
+    -- refused by the fence. Ends, sends and lifecycle calls are durable.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = 'ready'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
+         ORDER BY c.updated_at, c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
+    UPDATE envq.envelopes AS e
+       SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,
+           lease_token = gen_random_uuid(), lease_owner = owner,
+           lease_expires_at = clock_timestamp() + lease
+      FROM picked
+     WHERE e.seq = picked.seq
+    RETURNING e.*;
+END
+$$;
+COMMENT ON FUNCTION envq.claim IS
+    'Starts attempts: up to how_many READY envelopes of a dispatching queue, the longest '
+    'ready first, skipping rows other claims hold, each RUNNING under a new lease.';
 
 CREATE OR REPLACE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
                             decision envq.decision_kind DEFAULT NULL,
@@ -167,7 +214,7 @@ BEGIN
          WHERE c.queue = queue_name AND c.state = 'ready'
            AND EXISTS (SELECT FROM envq.queues AS q
                         WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
-         ORDER BY c.seq
+         ORDER BY c.updated_at, c.seq
          LIMIT how_many
            FOR UPDATE OF c SKIP LOCKED)
     UPDATE envq.envelopes AS e
@@ -210,5 +257,79 @@ COMMENT ON FUNCTION envq.expire IS
     'Ends an attempt whose lease expired (the reaper''s move), where the tables lead, '
     'only while that lease is still the attempt''s; NULL when it is not.';
 
+DROP INDEX envq.envelopes_ready;
+-- Ready envelopes in the order they became ready (the trigger stamps updated_at
+-- with each move), as the in-process ready deque: a claim reads this index
+-- alone (ordered by seq, the primary key's order, the planner scanned the
+-- primary key past every ended row at its head).
+CREATE INDEX envelopes_ready ON envq.envelopes (queue, updated_at, seq) WHERE state = 'ready';
+
+CREATE TABLE envq.counts (
+    queue text NOT NULL,
+    state envq.envelope_state NOT NULL,
+    slot smallint NOT NULL,
+    n bigint NOT NULL,
+    PRIMARY KEY (queue, state, slot)
+);
+COMMENT ON TABLE envq.counts IS
+    'Envelopes per queue and state: the sum of n over the slots (kept by the triggers).';
+
+CREATE FUNCTION envq.count_moves() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    mine smallint := pg_backend_pid() % 64;
+BEGIN
+    -- In (queue, state) order: two statements add to the same rows in the same order.
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO envq.counts AS c (queue, state, slot, n)
+        SELECT m.queue, m.state, mine, count(*) FROM new_rows AS m
+         GROUP BY m.queue, m.state ORDER BY m.queue, m.state
+        ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + excluded.n;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO envq.counts AS c (queue, state, slot, n)
+        SELECT m.queue, m.state, mine, -count(*) FROM old_rows AS m
+         GROUP BY m.queue, m.state ORDER BY m.queue, m.state
+        ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + excluded.n;
+    ELSE
+        INSERT INTO envq.counts AS c (queue, state, slot, n)
+        SELECT d.queue, d.state, mine, sum(d.n) FROM (
+                   SELECT m.queue, m.state, 1 AS n FROM new_rows AS m
+                   UNION ALL
+                   SELECT m.queue, m.state, -1 AS n FROM old_rows AS m) AS d
+         GROUP BY d.queue, d.state HAVING sum(d.n) <> 0 ORDER BY d.queue, d.state
+        ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + excluded.n;
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION envq.count_moves() IS
+    'Keeps envq.counts: what a statement added to and took from each (queue, state).';
+CREATE TRIGGER envelopes_count_inserts AFTER INSERT ON envq.envelopes
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.count_moves();
+CREATE TRIGGER envelopes_count_updates AFTER UPDATE ON envq.envelopes
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.count_moves();
+CREATE TRIGGER envelopes_count_deletes AFTER DELETE ON envq.envelopes
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.count_moves();
+
+CREATE FUNCTION envq.count_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM envq.counts;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION envq.count_truncate() IS
+    'Empties envq.counts when envq.envelopes is truncated.';
+CREATE TRIGGER envelopes_count_truncate AFTER TRUNCATE ON envq.envelopes
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.count_truncate();
+
+-- The counts of the rows already there (the triggers keep them from now on; the
+-- upgrade's lock keeps every node out meanwhile).
+LOCK TABLE envq.envelopes IN SHARE MODE;
+INSERT INTO envq.counts (queue, state, slot, n)
+SELECT queue, state, 0, count(*) FROM envq.envelopes GROUP BY queue, state;
 COMMENT ON SCHEMA envq IS 'envq schema version 4';
 INSERT INTO envq.schema_version (version, compatible_from) VALUES (4, 4);
