@@ -57,7 +57,7 @@ from envq._notify import (
     on_first_signal,
 )
 from envq._outcomes import Settler
-from envq._reports import Event, StopReport
+from envq._reports import Event, LiveEnvelope, StopReport
 from envq._stats import Counters
 from envq._store import MemoryStore
 from envq._timers import Deadlines
@@ -492,6 +492,36 @@ class Queue:
         it is not DELAYED here."""
         rec = self._live.get(envelope)
         return rec.due if rec is not None and rec.state is _DELAYED else None
+
+    def envelopes(
+        self, state: EnvState | None = None, *, after: int = 0, limit: int = 100
+    ) -> list[LiveEnvelope]:
+        """Snapshots of the live envelopes, in admission order: those in ``state`` (any
+        live state when None) admitted after stay number ``after`` (a
+        :attr:`LiveEnvelope.seq`; pass the last one seen for the next page), at most
+        ``limit``. Read-only, for dashboards and operators; it walks the live envelopes,
+        so it costs time in their number.
+
+        :raises TypeError: ``state`` is not an :class:`EnvState`, or ``after`` /
+            ``limit`` not an int.
+        :raises ValueError: ``after`` is negative or ``limit`` below 1.
+        """
+        where = f"queue {self.name!r}: envelopes()"
+        if state is not None:
+            _checks.member(f"{where} state", state, EnvState)
+        after = _checks.integer(f"{where} after", after, minimum=0)
+        limit = _checks.integer(f"{where} limit", limit, minimum=1)
+        if self._elsewhere():
+            return self._from_elsewhere(self.envelopes, state, after=after, limit=limit)
+        found: list[LiveEnvelope] = []
+        for env, rec in self._live.items():
+            if rec.seq <= after or (state is not None and rec.state is not state):
+                continue
+            due = rec.due if rec.state is _DELAYED else None
+            found.append(LiveEnvelope(env, rec.seq, rec.state, rec.kind, rec.attempts, due))
+            if len(found) >= limit:
+                break
+        return found
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every state change; returns an unsubscribe
