@@ -53,6 +53,8 @@ _T = TypeVar("_T")
 #: The slices of the ends' chart, and how many (ten minutes).
 SLICE: Final = 10
 SLICES: Final = 60
+#: Seconds an action's stop waits for the queue to be STOPPED before it answers.
+STOP_WAIT: Final = 5.0
 #: Journal rows shown per envelope.
 KEPT_MOVES: Final = 200
 _LIVE: Final = [s.value for s in LIVE_STATES]
@@ -471,6 +473,12 @@ class PgSource:
                 await queue.start()
             else:
                 await queue.stop(wait=False)
+                # A stop ends on whichever node sees nothing left to run; with no node
+                # serving the queue, the waiting caller is that node. Bounded: the
+                # attempts in flight may run long, the page shows the rest.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(STOP_WAIT):
+                        await queue.wait_stopped()
         except (QueueStopping, QueueTerminated) as error:
             raise Refused(self._redact(str(error))) from None
         except StoreUnavailable as error:

@@ -8,6 +8,7 @@ The jobs are module functions so that a PgQueue can name them by import path
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import os
 import socket
@@ -77,7 +78,9 @@ async def _create(server: ThrowawayServer, name: str) -> None:
 def fresh_database(server: ThrowawayServer) -> str:
     """A new database with envq's schema; its DSN, with :data:`PASSWORD`."""
     name = f"web{os.getpid()}_{next(_names)}"
-    asyncio.run(_create(server, name))
+    # In a thread of its own: the caller may be a coroutine on a running loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _create(server, name)).result(120)
     return with_password(server.dsn(name))
 
 
@@ -95,8 +98,10 @@ def _pg_ctl(server: ThrowawayServer, *args: str) -> None:
 
 
 def stop_server(server: ThrowawayServer) -> None:
-    """Stop the server at once (every session cut), keeping its data."""
-    _pg_ctl(server, "-m", "immediate", "-w", "-t", "60", "stop")
+    """Stop the server (every session cut), keeping its data: a fast shutdown, which
+    writes what the server holds (with synchronous_commit off, an immediate one loses
+    the last commits)."""
+    _pg_ctl(server, "-m", "fast", "-w", "-t", "60", "stop")
 
 
 def start_server(server: ThrowawayServer) -> None:
