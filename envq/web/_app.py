@@ -64,7 +64,7 @@ MAX_TEXT: Final = 200
 MAX_KEY: Final = 2**63 - 1
 
 #: Every response: no script, style or image from elsewhere, no inline script, no
-#: framing, no referrer; pages and answers are not cached.
+#: framing, no referrer to another site; pages and answers are not cached.
 SECURITY_HEADERS: Final[Mapping[str, str]] = {
     "content-security-policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -72,7 +72,7 @@ SECURITY_HEADERS: Final[Mapping[str, str]] = {
     ),
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",
     "cross-origin-opener-policy": "same-origin",
 }
 
@@ -267,6 +267,7 @@ class _Web:
             unlocked=self.unlocked(request),
             queue_name=queue,
             single=self.single,
+            back=_here(request),
             error=context.pop("error", None),
             down=context.pop("down", None),
             notice=context.pop("notice", None),
@@ -538,6 +539,12 @@ def _back(form: Mapping[str, str]) -> str:
     if not back or back.startswith(("/", "\\")) or ":" in back.split("?")[0] or len(back) > 500:
         return "./"
     return back
+
+
+def _here(request: Request) -> str:
+    """This page's URL, relative (where an unlock returns to)."""
+    query = request.url.query
+    return request.url.path.rsplit("/", 1)[-1] + (f"?{query}" if query else "")
 
 
 def _link(request: Request, changes: Mapping[str, object]) -> str:

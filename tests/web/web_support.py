@@ -75,12 +75,17 @@ async def _create(server: ThrowawayServer, name: str) -> None:
         await conn.close()
 
 
+def run_aside(coro: Coroutine[Any, Any, _T]) -> _T:
+    """``asyncio.run(coro)`` in a thread of its own: the caller's thread may have a
+    loop running (a coroutine's, or Playwright's sync API's)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result(120)
+
+
 def fresh_database(server: ThrowawayServer) -> str:
     """A new database with envq's schema; its DSN, with :data:`PASSWORD`."""
     name = f"web{os.getpid()}_{next(_names)}"
-    # In a thread of its own: the caller may be a coroutine on a running loop.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, _create(server, name)).result(120)
+    run_aside(_create(server, name))
     return with_password(server.dsn(name))
 
 
