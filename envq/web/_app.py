@@ -464,7 +464,9 @@ class _Web:
             raise _Forbidden("the form's CSRF token is missing or wrong: reload the page")
         return form
 
-    async def post(self, request: Request, act: Callable[[dict[str, str]], Awaitable[Response]]) -> Response:
+    async def post(
+        self, request: Request, act: Callable[[dict[str, str]], Awaitable[Response]]
+    ) -> Response:
         try:
             form = await self._form(request)
             if self.token is None:

@@ -47,10 +47,8 @@ def serve(dsn: str | None, host: str, port: int) -> int:
         return 2
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    print(
-        f"envq web: http://{shown}:{bound}/ ({'actions unlock with $ENVQ_WEB_TOKEN' if token else 'read-only'})",
-        flush=True,
-    )
+    mode = "actions unlock with $ENVQ_WEB_TOKEN" if token else "read-only"
+    print(f"envq web: http://{shown}:{bound}/ ({mode})", flush=True)
     server = uvicorn.Server(uvicorn.Config(web, log_level="warning", access_log=False))
     try:
         asyncio.run(server.serve(sockets=[sock]))

@@ -144,9 +144,7 @@ def _border(cx: float, cy: float, dx: float, dy: float) -> tuple[float, float]:
     return cx + dx * scale, cy + dy * scale
 
 
-def _curve(
-    a: tuple[float, float], b: tuple[float, float], bend: float
-) -> tuple[str, float, float]:
+def _curve(a: tuple[float, float], b: tuple[float, float], bend: float) -> tuple[str, float, float]:
     """A quadratic curve from box ``a`` to box ``b``, bent sideways by ``bend``."""
     (ax, ay), (bx, by) = a, b
     length = math.hypot(bx - ax, by - ay) or 1.0

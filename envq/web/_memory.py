@@ -104,7 +104,8 @@ class MemorySource:
         now = time.time()
         rec = env._rec
         source, to = event.from_state, event.to_state
-        assert isinstance(source, EnvState) and isinstance(to, EnvState)
+        assert isinstance(source, EnvState)
+        assert isinstance(to, EnvState)
         moves = self._moves.get(rec.seq)
         if moves is None:
             moves = self._moves[rec.seq] = deque(maxlen=KEPT_MOVES)

@@ -20,8 +20,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from envq._errors import QueueStopping, QueueTerminated
-from envq._machine import LIVE_STATES, CancelCause, DecisionKind, EnvState, Kind, Outcome
-from envq._machine import QueueCall, QueueState
+from envq._machine import (
+    LIVE_STATES,
+    CancelCause,
+    DecisionKind,
+    EnvState,
+    Kind,
+    Outcome,
+    QueueCall,
+    QueueState,
+)
 from envq.postgres._edges import _secrets
 from envq.web._memory import SHOWN
 from envq.web._rows import envelope_row, queue_row
@@ -325,7 +333,9 @@ class PgSource:
                 f"(id = to_jsonb({arg(query.id)}::text) OR id::text = {arg(query.id)})"
             )
         if query.scheduled:
-            conditions.append(f"(interval_s > 0 OR cron IS NOT NULL) AND state = ANY({arg(_LIVE)}::envq.envelope_state[])")
+            live = arg(_LIVE)
+            conditions.append("(interval_s > 0 OR cron IS NOT NULL)")
+            conditions.append(f"state = ANY({live}::envq.envelope_state[])")
         order = "DESC"
         if query.after is not None:
             conditions.append(f"seq > {arg(query.after)}")
@@ -415,8 +425,7 @@ class PgSource:
         ]
         length = row["payload_length"] or 0
         note = (
-            "From envq.journal, in the order the database recorded them (the last "
-            f"{KEPT_MOVES})."
+            f"From envq.journal, in the order the database recorded them (the last {KEPT_MOVES})."
             if on
             else "The journal of this queue is off: its moves are not recorded. A "
             "subscription (PgQueue.subscribe) turns it on, as does "

@@ -71,9 +71,13 @@ def web_db(web_pg: ThrowawayServer) -> Callable[[], str]:
     return lambda: fresh_database(web_pg)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless Chromium (Playwright's sync API, the system's browser)."""
+    """Headless Chromium (Playwright's sync API, the system's browser).
+
+    Module-scoped: while Playwright's sync API is open, its event loop is the running
+    loop of the main thread, and every later ``asyncio.run`` there (the async tests of
+    other modules) would fail; it closes before another module's tests run."""
     try:
         from playwright.sync_api import Error, sync_playwright  # noqa: PLC0415
     except ImportError:

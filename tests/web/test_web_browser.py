@@ -51,7 +51,7 @@ def shown(page: Any, queue: str, state: str) -> str:
 def wait_shown(page: Any, queue: str, state: str, value: int) -> None:
     page.wait_for_function(
         "([q, s, v]) => { const el = document.querySelector("
-        "`[data-q=\"${q}\"][data-count=\"${s}\"]`); return el && el.textContent === v; }",
+        '`[data-q="${q}"][data-count="${s}"]`); return el && el.textContent === v; }',
         arg=[queue, state, str(value)],
         timeout=LIMIT,
     )
@@ -83,7 +83,9 @@ async def every_state(dsn: str) -> PgQueue:
         await waiting.send(*(envq.Envelope(invoke=ws.quick, id=f"b{i}") for i in range(2)))
     async with PgQueue(dsn, "paused", workers=0) as paused:
         await paused.start()
-        await paused.send(*(envq.Envelope(invoke=ws.quick, id=f"p{i}", delay=600) for i in range(3)))
+        await paused.send(
+            *(envq.Envelope(invoke=ws.quick, id=f"p{i}", delay=600) for i in range(3))
+        )
         await paused.stop()
     conn = await asyncpg.connect(dsn)
     try:
@@ -156,9 +158,10 @@ def test_postgres_pages_show_the_counts_and_follow_the_ends(
             page.goto(served.url + "/")
             for queue in ("waiting", "paused", "main"):
                 for state in STORED:
-                    assert shown(page, queue, state.name) == str(
-                        want[queue].get(state.name, 0)
-                    ), (queue, state)
+                    assert shown(page, queue, state.name) == str(want[queue].get(state.name, 0)), (
+                        queue,
+                        state,
+                    )
             shoot(page, "overview")
             page.evaluate("window.envqMark = 1")  # gone if the page reloads
             ws.GATE.set()
@@ -209,7 +212,8 @@ def test_postgres_actions_need_the_token(browser: Any, web_db: Callable[[], str]
                 return [r.status, await r.text()];
             }"""
         )
-        assert forged[0] == 403 and "CSRF" in forged[1]
+        assert forged[0] == 403
+        assert "CSRF" in forged[1]
         page.fill('input[name="token"]', "not-the-token-at-all")
         with page.expect_navigation():
             page.click("text=Unlock actions")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -37,7 +36,7 @@ async def _fill(dsn: str) -> None:
 
 def test_serves_the_queues_of_the_database(web_db: Callable[[], str]) -> None:
     dsn = web_db()
-    asyncio.run(_fill(dsn))
+    ws.run_aside(_fill(dsn))
     proc = subprocess.Popen(
         [sys.executable, "-m", "envq", "web", "--port", "0"],
         env=_env(ENVQ_DSN=dsn),
@@ -59,7 +58,8 @@ def test_serves_the_queues_of_the_database(web_db: Callable[[], str]) -> None:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         assert page.status_code == 200
-        assert "cli-mail" in page.text and ws.PASSWORD not in page.text
+        assert "cli-mail" in page.text
+        assert ws.PASSWORD not in page.text
         api = httpx.get(found[1] + "api/counts", timeout=10).json()
         assert api["queues"]["cli-mail"]["counts"]["BUFFERED"] == 1
     finally:
@@ -91,6 +91,7 @@ def test_a_short_token_is_refused_without_showing_it() -> None:
         timeout=60,
         check=False,
     )
-    assert done.returncode == 2 and "16 characters" in done.stderr
+    assert done.returncode == 2
+    assert "16 characters" in done.stderr
     assert "short-secret" not in done.stdout + done.stderr
     assert "pw-xyz" not in done.stdout + done.stderr

@@ -24,8 +24,8 @@ from envq._machine import (
 
 pytest.importorskip("starlette")
 
-from envq.web._diagram import envelope_diagram, lifecycle_diagram  # noqa: E402
-from envq.web._rows import envelope_row, event_of, queue_row  # noqa: E402
+from envq.web._diagram import envelope_diagram, lifecycle_diagram
+from envq.web._rows import envelope_row, event_of, queue_row
 
 
 def test_envelope_edges_are_the_moves_of_the_tables() -> None:
@@ -57,8 +57,10 @@ def test_states_are_placed_apart_and_inside(diagram: object) -> None:
     names = [n.name for n in d.nodes]
     assert len(names) == len(set(names))
     for a in d.nodes:
-        assert 0 <= a.x and a.x + a.width <= d.width
-        assert 0 <= a.y and a.y + a.height <= d.height
+        assert a.x >= 0
+        assert a.x + a.width <= d.width
+        assert a.y >= 0
+        assert a.y + a.height <= d.height
         for b in d.nodes:
             if a is not b:
                 apart = (
@@ -134,8 +136,5 @@ def test_named_rows_say_which_choice_a_redirect_took() -> None:
     )
     assert envelope_row(r, p, outcome=Outcome.CANCELLED) == "OUTCOMES[(ONE_OFF, CANCELLED)]"
     assert envelope_row(EnvState.READY, EnvState.SUCCEEDED) == "(not a row of the tables)"
-    assert (
-        queue_row(QueueState.RUNNING, QueueState.STOPPING, None)
-        == "LIFECYCLE[(RUNNING, STOP)]"
-    )
+    assert queue_row(QueueState.RUNNING, QueueState.STOPPING, None) == "LIFECYCLE[(RUNNING, STOP)]"
     assert queue_row(QueueState.INIT, QueueState.STOPPED, None) == "(not a row of the tables)"

@@ -38,8 +38,9 @@ GATE = threading.Event()
 
 
 async def gated(env: envq.Envelope) -> None:
-    """Runs until :data:`GATE` is set."""
-    while not GATE.is_set():
+    """Runs until :data:`GATE` is set (a thread's event: the gate is opened from the
+    test's thread, the job runs on a server's loop)."""
+    while not GATE.is_set():  # noqa: ASYNC110 - a threading.Event, not an asyncio one
         await asyncio.sleep(0.05)
 
 
