@@ -496,11 +496,9 @@ class Queue:
     def envelopes(
         self, state: EnvState | None = None, *, after: int = 0, limit: int = 100
     ) -> list[LiveEnvelope]:
-        """Snapshots of the live envelopes, in admission order: those in ``state`` (any
-        live state when None) admitted after stay number ``after`` (a
-        :attr:`LiveEnvelope.seq`; pass the last one seen for the next page), at most
-        ``limit``. Read-only, for dashboards and operators; it walks the live envelopes,
-        so it costs time in their number.
+        """Snapshots of the live envelopes in admission order: those in ``state`` (any
+        when None) after stay ``after`` (a :attr:`LiveEnvelope.seq`: the last one seen,
+        for the next page), at most ``limit``. Read-only; it walks the live envelopes.
 
         :raises TypeError: ``state`` is not an :class:`EnvState`, or ``after`` /
             ``limit`` not an int.
@@ -513,15 +511,7 @@ class Queue:
         limit = _checks.integer(f"{where} limit", limit, minimum=1)
         if self._elsewhere():
             return self._from_elsewhere(self.envelopes, state, after=after, limit=limit)
-        found: list[LiveEnvelope] = []
-        for env, rec in self._live.items():
-            if rec.seq <= after or (state is not None and rec.state is not state):
-                continue
-            due = rec.due if rec.state is _DELAYED else None
-            found.append(LiveEnvelope(env, rec.seq, rec.state, rec.kind, rec.attempts, due))
-            if len(found) >= limit:
-                break
-        return found
+        return self._store.snapshots(state, after, limit)
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every state change; returns an unsubscribe
