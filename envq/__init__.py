@@ -60,7 +60,7 @@ from envq._machine import EnvState, Kind, Outcome, QueueState
 from envq._metrics import MetricsServer, PrometheusMetrics, prometheus_metrics, serve_metrics
 from envq._otel import otel_stamp
 from envq._queue import Attempt, Queue, current_attempt
-from envq._reports import Event, StopReport
+from envq._reports import Event, LiveEnvelope, StopReport
 from envq._schedule import Cron, Timing
 from envq._stamps import logging_stamp
 from envq._tasks import AfterCallback, Task, TaskFn, TaskQueue
@@ -106,6 +106,7 @@ __all__ = [
     "Invoke",
     "Invoker",
     "Kind",
+    "LiveEnvelope",
     "MaxOf",
     "MaxRetriesExceeded",
     "MetricsServer",

@@ -12,6 +12,8 @@
   needs ``envq[conform]``);
 * ``envq conform [options] -- CMD ARGS...`` checks a port of envq through a driver
   (:mod:`envq.conform`; needs ``envq[conform]``);
+* ``envq web [--dsn DSN] [--host HOST] [--port PORT]`` serves every queue of a
+  PostgreSQL database in a browser (:mod:`envq.web`; needs ``envq[web,postgres]``);
 * ``envq --version`` prints the installed version.
 
 ``main(argv)`` is also the ``envq`` console script.
@@ -186,6 +188,24 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument(
         "--show", type=int, default=10, metavar="N", help="violations to print per scope (10)"
     )
+    web = commands.add_parser(
+        "web",
+        help="serve every queue of a PostgreSQL database in a browser",
+        description=(
+            "Serve the dashboard (envq.web) of every queue of a PostgreSQL database: the "
+            "machines with live counts, envelopes, schedules, nodes and leases. Read-only "
+            "unless $ENVQ_WEB_TOKEN holds an action token (at least 16 characters)."
+        ),
+    )
+    web.add_argument(
+        "--dsn", default=None, help="the database (default: $ENVQ_DSN, which keeps it out of ps)"
+    )
+    web.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)"
+    )
+    web.add_argument(
+        "--port", type=_port, default=8000, metavar="PORT", help="default 8000 (0: any free port)"
+    )
     return parser
 
 
@@ -218,6 +238,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "explore":
         return _explore(args.depth, args.show)
+    if args.command == "web":
+        try:
+            from envq.web._cli import serve  # noqa: PLC0415 - the web extra
+        except ImportError as exc:
+            sys.stderr.write(
+                f"envq web needs the web extra ({exc.name} is missing): "
+                "pip install 'envq[web,postgres]'\n"
+            )
+            return 2
+        return serve(args.dsn, args.host, args.port)
     parser.print_help(sys.stderr)
     return 2
 

@@ -57,7 +57,7 @@ from envq._notify import (
     on_first_signal,
 )
 from envq._outcomes import Settler
-from envq._reports import Event, StopReport
+from envq._reports import Event, LiveEnvelope, StopReport
 from envq._stats import Counters
 from envq._store import MemoryStore
 from envq._timers import Deadlines
@@ -492,6 +492,26 @@ class Queue:
         it is not DELAYED here."""
         rec = self._live.get(envelope)
         return rec.due if rec is not None and rec.state is _DELAYED else None
+
+    def envelopes(
+        self, state: EnvState | None = None, *, after: int = 0, limit: int = 100
+    ) -> list[LiveEnvelope]:
+        """Snapshots of the live envelopes in admission order: those in ``state`` (any
+        when None) after stay ``after`` (a :attr:`LiveEnvelope.seq`: the last one seen,
+        for the next page), at most ``limit``. Read-only; it walks the live envelopes.
+
+        :raises TypeError: ``state`` is not an :class:`EnvState`, or ``after`` /
+            ``limit`` not an int.
+        :raises ValueError: ``after`` is negative or ``limit`` below 1.
+        """
+        where = f"queue {self.name!r}: envelopes()"
+        if state is not None:
+            _checks.member(f"{where} state", state, EnvState)
+        after = _checks.integer(f"{where} after", after, minimum=0)
+        limit = _checks.integer(f"{where} limit", limit, minimum=1)
+        if self._elsewhere():
+            return self._from_elsewhere(self.envelopes, state, after=after, limit=limit)
+        return self._store.snapshots(state, after, limit)
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every state change; returns an unsubscribe

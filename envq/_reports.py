@@ -5,9 +5,9 @@ from __future__ import annotations
 import attrs
 
 from envq._envelope import Envelope
-from envq._machine import EnvState, Outcome, QueueState
+from envq._machine import EnvState, Kind, Outcome, QueueState
 
-__all__ = ["Event", "StopReport"]
+__all__ = ["Event", "LiveEnvelope", "StopReport"]
 
 
 @attrs.frozen
@@ -43,3 +43,20 @@ class StopReport:
     #: Envelopes whose attempt was cancelled during the stop, one entry per attempt.
     cancelled: tuple[Envelope, ...] = ()
     complete: bool = False
+
+
+@attrs.frozen
+class LiveEnvelope:
+    """A snapshot of one envelope live in a queue (:meth:`envq.Queue.envelopes`): a copy
+    of its queue-side record when it was taken, not a view that follows it."""
+
+    envelope: Envelope
+    #: The number of this stay in the queue: admissions are numbered from 1, in order.
+    seq: int
+    state: EnvState
+    #: The row group of the outcome table its attempts are looked up in.
+    kind: Kind
+    #: Attempts started in this stay.
+    attempts: int
+    #: The loop time a DELAYED envelope becomes ready; None in any other state.
+    due: float | None = None

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable
 
 from envq._envelope import Envelope, _Rec
+from envq._machine import EnvState
+from envq._reports import LiveEnvelope
 from envq._timers import DelayHeap
 
 __all__ = ["MemoryStore"]
@@ -99,3 +101,16 @@ class MemoryStore:
     def drop_delays(self) -> None:
         """No DELAYED envelope is left (a stop parked them all)."""
         self.delays.clear()
+
+    def snapshots(self, state: EnvState | None, after: int, limit: int) -> list[LiveEnvelope]:
+        """The live envelopes in ``state`` (any when None) admitted after stay number
+        ``after``, in admission order, at most ``limit``, as snapshots."""
+        found: list[LiveEnvelope] = []
+        for env, rec in self.live.items():
+            if rec.seq <= after or (state is not None and rec.state is not state):
+                continue
+            due = rec.due if rec.state is EnvState.DELAYED else None
+            found.append(LiveEnvelope(env, rec.seq, rec.state, rec.kind, rec.attempts, due))
+            if len(found) >= limit:
+                break
+        return found

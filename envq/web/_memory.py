@@ -1,0 +1,324 @@
+"""The pages' source for an in-process :class:`envq.Queue`.
+
+The live envelopes are read with :meth:`envq.Queue.envelopes` and the counts with
+:meth:`envq.Queue.statistics`; what a queue forgets — the moves of an envelope and the
+envelopes that ended — is what this source hears as a listener of the queue, from the
+moment the app was made, kept within bounds (the last moves of the last envelopes,
+the last ended ones, ten minutes of ends).
+
+The listener does not count as handling failures: an envelope that ends FAILED with
+nothing else to handle it is still logged (``log_unhandled``). Being subscribed makes
+the queue report its moves, which costs a little on every move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from envq._envelope import Envelope
+from envq._errors import QueueStopping, QueueTerminated
+from envq._machine import TERMINAL_STATES, EnvState, Kind, QueueState
+from envq._queue import Queue
+from envq._reports import Event
+from envq.web._rows import envelope_row, event_of
+from envq.web._source import (
+    STORED,
+    Action,
+    Bucket,
+    EnvelopeDetail,
+    EnvelopePage,
+    EnvelopeQuery,
+    EnvelopeRow,
+    Move,
+    NotFound,
+    QueueSummary,
+    Refused,
+)
+
+__all__ = ["MemorySource", "shown"]
+
+#: Envelopes whose moves are kept, moves kept per envelope, ended envelopes kept.
+KEPT_ENVELOPES: Final = 5000
+KEPT_MOVES: Final = 100
+KEPT_ENDED: Final = 1000
+#: The slices of the ends' chart, and how many.
+SLICE: Final = 10.0
+SLICES: Final = 60
+#: The most characters of a payload or id shown.
+SHOWN: Final = 65536
+
+
+def shown(value: object, limit: int = SHOWN) -> tuple[str, bool]:
+    """``value`` as text — JSON when it is, else ``repr`` — cut to ``limit`` characters;
+    and whether it was cut."""
+    try:
+        text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return (text[:limit], True) if len(text) > limit else (text, False)
+
+
+def _callable_name(fn: object) -> str:
+    if fn is None:
+        return ""
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+@attrs.define
+class _Ended:
+    envelope: Envelope
+    state: EnvState
+    kind: Kind
+    attempts: int
+    at: float
+
+
+class MemorySource:
+    """A :class:`envq.web._source.Source` for one in-process queue."""
+
+    kind = "in-process"
+
+    def __init__(self, queue: Queue) -> None:
+        self.q = queue
+        self._moves: OrderedDict[int, deque[Move]] = OrderedDict()
+        self._ended: OrderedDict[int, _Ended] = OrderedDict()
+        self._slices: deque[list[float]] = deque(maxlen=SLICES)
+        self._unsubscribe: Callable[[], None] | None = queue._listen(
+            self._heard, handles_failures=False
+        )
+
+    # -- what the listener keeps ----------------------------------------------------
+
+    def _heard(self, event: Event) -> None:
+        env = event.envelope
+        if env is None:
+            return
+        now = time.time()
+        rec = env._rec
+        source, to = event.from_state, event.to_state
+        assert isinstance(source, EnvState)
+        assert isinstance(to, EnvState)
+        moves = self._moves.get(rec.seq)
+        if moves is None:
+            moves = self._moves[rec.seq] = deque(maxlen=KEPT_MOVES)
+            if len(self._moves) > KEPT_ENVELOPES:
+                self._moves.popitem(last=False)
+        if event.outcome is not None:
+            label = event.outcome.name
+        else:
+            found = event_of(source, to)
+            label = found.name if found is not None else "-"
+        row = envelope_row(source, to, outcome=event.outcome, kind=rec.kind)
+        moves.append(Move(now, source.name, to.name, label, row))
+        if to in TERMINAL_STATES:
+            self._ended[rec.seq] = _Ended(env, to, rec.kind, rec.attempts, now)
+            if len(self._ended) > KEPT_ENDED:
+                self._ended.popitem(last=False)
+            if to is EnvState.SUCCEEDED or to is EnvState.FAILED:
+                self._count(now, to is EnvState.SUCCEEDED)
+
+    def _count(self, now: float, ok: bool) -> None:
+        start = now - now % SLICE
+        if not self._slices or self._slices[-1][0] != start:
+            self._slices.append([start, 0, 0])
+        self._slices[-1][1 if ok else 2] += 1
+
+    def _series(self) -> list[Bucket]:
+        now = time.time()
+        first = now - now % SLICE - (SLICES - 1) * SLICE
+        seen = {int(s[0]): s for s in self._slices}
+        out = []
+        for i in range(SLICES):
+            start = first + i * SLICE
+            got = seen.get(int(start))
+            out.append(Bucket(start, int(got[1]), int(got[2])) if got else Bucket(start, 0, 0))
+        return out
+
+    # -- Source ---------------------------------------------------------------------
+
+    def _check(self, name: str) -> None:
+        if name != self.q.name:
+            raise NotFound(f"there is no queue named {name!r}")
+
+    async def queues(self) -> list[QueueSummary]:
+        return [await self.queue(self.q.name)]
+
+    async def queue(self, name: str) -> QueueSummary:
+        self._check(name)
+        stats = self.q.statistics()
+        counts = {s: stats.by_state.get(s, 0) for s in STORED}
+        return QueueSummary(
+            name=name,
+            state=stats.state,
+            counts=counts,
+            capacity=stats.capacity_limit,
+            series=self._series(),
+            blacklist=tuple(sorted(self.q._blacklist)),
+        )
+
+    def _wall(self, due: float | None) -> float | None:
+        loop = self.q.loop
+        if due is None or loop is None:
+            return None
+        return time.time() + (due - loop.time())
+
+    def _row(
+        self, env: Envelope, key: int, state: EnvState, kind: Kind, attempts: int, due: float | None
+    ) -> EnvelopeRow:
+        if env._calendar:
+            schedule = f"on {env.schedule!r}"
+        elif env.interval > 0:
+            schedule = f"every {env.interval:g}s ({getattr(env.schedule, 'name', env.schedule)})"
+        else:
+            schedule = ""
+        note = {
+            EnvState.READY: "ready now",
+            EnvState.RUNNING: "running",
+            EnvState.PARKED: "when the queue starts again",
+            EnvState.BUFFERED: "when the queue starts",
+        }.get(state, "")
+        return EnvelopeRow(
+            key=key,
+            id="" if env.id is None else shown(env.id, 200)[0],
+            type=env.type,
+            state=state,
+            kind=kind.name,
+            attempts=attempts,
+            schedule=schedule,
+            due=self._wall(due),
+            due_note=note,
+        )
+
+    def _all(self) -> list[EnvelopeRow]:
+        """Live and remembered ended envelopes, newest first."""
+        rows: dict[int, EnvelopeRow] = {
+            key: self._row(e.envelope, key, e.state, e.kind, e.attempts, None)
+            for key, e in self._ended.items()
+        }
+        after = 0
+        while True:
+            page = self.q.envelopes(after=after, limit=1000)
+            for live in page:
+                rows[live.seq] = self._row(
+                    live.envelope, live.seq, live.state, live.kind, live.attempts, live.due
+                )
+            if len(page) < 1000:
+                break
+            after = page[-1].seq
+        return [rows[k] for k in sorted(rows, reverse=True)]
+
+    async def envelopes(self, name: str, query: EnvelopeQuery) -> EnvelopePage:
+        self._check(name)
+        rows = [
+            r
+            for r in self._all()
+            if (query.state is None or r.state is query.state)
+            and (query.type is None or r.type == query.type)
+            and (query.id is None or r.id == query.id or r.id == shown(query.id, 200)[0])
+            and (not query.scheduled or (r.schedule and r.state not in TERMINAL_STATES))
+        ]
+        if query.after is not None:
+            newer_side = [r for r in rows if r.key > query.after]
+            page = newer_side[-query.limit :]
+            more_newer = len(newer_side) > query.limit
+            older = page[-1].key if page and any(r.key < page[-1].key for r in rows) else None
+            return EnvelopePage(page, older, page[0].key if page and more_newer else None)
+        if query.before is not None:
+            rows_before = [r for r in rows if r.key < query.before]
+            page = rows_before[: query.limit]
+            more = len(rows_before) > query.limit
+            return EnvelopePage(
+                page, page[-1].key if more and page else None, page[0].key if page else None
+            )
+        page = rows[: query.limit]
+        return EnvelopePage(page, page[-1].key if len(rows) > query.limit else None, None)
+
+    async def envelope(self, name: str, key: int) -> EnvelopeDetail:
+        self._check(name)
+        live = self.q.envelopes(after=key - 1, limit=1) if key > 0 else []
+        if live and live[0].seq == key:
+            one = live[0]
+            env, state, kind, attempts, due = (
+                one.envelope,
+                one.state,
+                one.kind,
+                one.attempts,
+                one.due,
+            )
+        elif key in self._ended:
+            ended = self._ended[key]
+            env, state, kind, attempts, due = (
+                ended.envelope,
+                ended.state,
+                ended.kind,
+                ended.attempts,
+                None,
+            )
+        else:
+            raise NotFound(f"queue {name!r} has no envelope {key} (live, or ended lately)")
+        row = self._row(env, key, state, kind, attempts, due)
+        payload, cut = shown(env.payload)
+        retry = env.retry
+        fields: list[tuple[str, str]] = [
+            ("id", row.id or "(none)"),
+            ("type", env.type or "(none)"),
+            ("state", state.name),
+            ("kind", kind.name),
+            ("attempts", str(attempts)),
+            ("schedule", row.schedule or "one-off"),
+            ("deadline", f"{env.deadline:g} s" if env.deadline else "none"),
+            ("delay", f"{env.delay:g} s" if env.delay else "none"),
+            ("not_before", env.not_before.isoformat() if env.not_before else "none"),
+            ("retry", repr(retry) if retry is not None else "none"),
+            ("invoke", _callable_name(env.invoke)),
+        ]
+        for hook in ("before", "after", "on_success", "on_failure"):
+            fn: Any = getattr(env, hook)
+            if fn is not None:
+                fields.append((hook, _callable_name(fn)))
+        return EnvelopeDetail(
+            row=row,
+            fields=fields,
+            payload=payload,
+            payload_cut=cut,
+            moves=list(self._moves.get(key, ())),
+            moves_note=(
+                "The moves this page heard since it was mounted (the last "
+                f"{KEPT_MOVES} of each envelope)."
+            ),
+        )
+
+    async def act(self, name: str, action: Action) -> None:
+        self._check(name)
+        q = self.q
+        loop = q.loop
+        try:
+            if action is Action.START:
+                q.start()
+            elif loop is None or loop is asyncio.get_running_loop():
+                await q.stop(wait=False)
+            else:
+                done = asyncio.run_coroutine_threadsafe(q.stop(wait=False), loop)
+                await asyncio.wrap_future(done)
+        except (QueueStopping, QueueTerminated) as error:
+            raise Refused(str(error)) from None
+        except RuntimeError as error:  # never started: no loop to start it on
+            raise Refused(str(error)) from None
+
+    async def aclose(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    @property
+    def state(self) -> QueueState:
+        """The queue's lifecycle state."""
+        return self.q.state
