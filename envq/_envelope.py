@@ -204,7 +204,9 @@ class Envelope:
     :param on_success: hook run after a successful attempt.
     :param stamps: envelope-level middleware, wrapped by the queue's stamps.
     :param payload: user data; the only field that may change after construction.
-    :param retry: retry policy for one-off envelopes without ``on_failure``.
+    :param retry: retry policy for one-off envelopes without ``on_failure``; refused
+        (:class:`envq.BadEnvelope`) beside ``on_failure`` or on a periodic envelope,
+        where it could never apply.
     :param delay: seconds after arming before the first run.
     :param not_before: an aware datetime: the earliest first run (wall clock).
     :param schedule: periodic timing: :data:`envq.FIXED_DELAY` or :data:`envq.FIXED_RATE`
@@ -253,6 +255,25 @@ class Envelope:
                 f"Envelope: interval must be 0 with the calendar schedule "
                 f"{_checks.show(self.schedule)} (it sets the times), got {self.interval!r}"
             )
+        if self.retry is not None:
+            # A policy that could never apply is refused rather than silently ignored.
+            if self.on_failure is not None:
+                raise BadEnvelope(
+                    "Envelope: retry and on_failure cannot be combined: on_failure decides "
+                    "every failure, so the retry policy would never apply (return "
+                    "envq.retry_after(...) from on_failure, or drop one of them)"
+                )
+            if calendar or self.interval > 0:
+                raise BadEnvelope(
+                    "Envelope: retry applies to one-off envelopes only; a periodic envelope "
+                    "goes on with its schedule after a failure (use on_failure to retry "
+                    "sooner), got retry with "
+                    + (
+                        f"schedule {_checks.show(self.schedule)}"
+                        if calendar
+                        else f"interval {self.interval!r}"
+                    )
+                )
         if self.interval > 0 and self.deadline > self.interval:
             raise BadIntervals(
                 f"deadline ({self.deadline!r} s) must not exceed interval "

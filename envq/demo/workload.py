@@ -171,7 +171,8 @@ class Workload:
                 id=n,
                 type="email",
                 deadline=3,
-                retry=self.retry,
+                # A bounce is decided by on_bounce; retry and on_failure never go together.
+                retry=None if mail.bounce else self.retry,
                 on_success=self.on_delivered,
                 on_failure=self.on_bounce if mail.bounce else None,
                 delay=0.7 * self.options.duration if n == _DIGEST else 0,

@@ -683,7 +683,9 @@ class Session:
             if spec.cron:
                 raise ValueError("cron is not supported by this driver")
             retry = None
-            if spec.policy is Policy.RETRY:
+            # A periodic envelope goes on with its schedule: envq refuses a retry policy
+            # on it, which the protocol's RETRY policy then means (no decision).
+            if spec.policy is Policy.RETRY and not (spec.interval > 0 or spec.cron):
                 retry = envq.Retry(
                     attempts=spec.attempts,
                     base=self.real(spec.base),
