@@ -64,6 +64,7 @@ class _Rec:
         "due",
         "failures",
         "kind",
+        "logged",
         "origin",
         "owner",
         "seq",
@@ -83,6 +84,9 @@ class _Rec:
         self.tick = 0
         self.attempts = 0
         self.failures = 0
+        #: The loop time of the last WARNING about its row of unhandled periodic
+        #: failures (read only when a run fails).
+        self.logged = 0.0
 
 
 # Every field check raises BadEnvelopeType (a BadEnvelope and a TypeError) for a value
