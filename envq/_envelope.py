@@ -189,13 +189,16 @@ class Envelope:
     """One unit of work for a :class:`envq.Queue`.
 
     Every field is fixed after construction except :attr:`payload`; use
-    :meth:`evolve` for a validated copy with changes. Identity matters: a queue holds
-    an envelope *object* at most once at a time, and an envelope is live in at most
-    one queue at a time. Equality is identity.
+    :meth:`evolve` for a validated copy with changes. A queue holds an envelope at most
+    once at a time, by its ``id`` when it has one (else by identity), and an envelope
+    object is live in at most one queue at a time. Equality is identity.
 
     :param invoke: the work, called with the envelope; ``async def`` or plain (a
         plain one runs in the queue's thread pool).
-    :param id: any hashable value, for logs and metrics.
+    :param id: any hashable value, for logs and metrics, and the envelope's dedup key:
+        while an envelope with this ``id`` is live in a queue, sending another one with
+        the same ``id`` there is a dedup (without an ``id``, the envelope object itself
+        is the key).
     :param type: a name for logs, metric labels and the type blacklist.
     :param interval: seconds (or ``timedelta``); 0 = one-off, > 0 = periodic (at least
         a microsecond).
@@ -247,6 +250,9 @@ class Envelope:
     _calendar: bool = attrs.field(init=False, default=False)
     #: The first delay needs working out (a not_before or a calendar).
     _timed: bool = attrs.field(init=False, default=False)
+    #: Admission must look closer: the envelope has an ``id`` (its dedup key) or a
+    #: first delay to work out, either of which may refuse or shrink the batch.
+    _careful: bool = attrs.field(init=False, default=False)
     #: :attr:`periodic`, read once (admission reads it for every envelope).
     _periodic: bool = attrs.field(init=False, default=False)
     _direct: bool = attrs.field(init=False, default=False)
@@ -292,7 +298,9 @@ class Envelope:
         set_(self, "_async_failure", is_async_callable(self.on_failure))
         set_(self, "_lean", self.before is None and self.after is None and not self.stamps)
         set_(self, "_calendar", calendar)
-        set_(self, "_timed", calendar or self.not_before is not None)
+        timed = calendar or self.not_before is not None
+        set_(self, "_timed", timed)
+        set_(self, "_careful", timed or self.id is not None)
         set_(self, "_periodic", self.interval > 0 or calendar)
 
     @property
@@ -323,6 +331,7 @@ class Envelope:
         for name in _SLOTS:
             set_(twin, name, getattr(self, name))
         set_(twin, "id", id)
+        set_(twin, "_careful", self._timed or id is not None)
         set_(twin, "payload", payload)
         set_(twin, "_rec", _Rec())
         return twin

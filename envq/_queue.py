@@ -57,7 +57,7 @@ from envq._notify import (
     on_first_signal,
 )
 from envq._outcomes import Settler
-from envq._reports import Event, StopReport
+from envq._reports import StopReport
 from envq._stats import Counters
 from envq._store import MemoryStore
 from envq._timers import Deadlines
@@ -195,6 +195,7 @@ class Queue:
             capacity,
             owner=self,
             live=store.live,
+            ids=store.ids,
             blacklist=self._blacklist,
             counts=self._counts,
             enter=mover.enter,

@@ -683,8 +683,7 @@ class Session:
             if spec.cron:
                 raise ValueError("cron is not supported by this driver")
             retry = None
-            # A periodic envelope goes on with its schedule: envq refuses a retry policy
-            # on it, which the protocol's RETRY policy then means (no decision).
+            # RETRY on a periodic spec means no decision (envq refuses a policy there).
             if spec.policy is Policy.RETRY and not (spec.interval > 0 or spec.cron):
                 retry = envq.Retry(
                     attempts=spec.attempts,
