@@ -1022,6 +1022,17 @@ class Oracle:
 
     # -- invariants -------------------------------------------------------------------
 
+    def check_due(self, now: float | None = None) -> None:
+        """Delayed envelopes become ready on time: none is still DELAYED past its due
+        time at ``now`` (the port's time, which moves ``now`` on; default: the time of
+        the last observation)."""
+        if now is not None:
+            self.now = max(self.now, now)
+        late = [
+            (t.name, t.due) for t in self.in_state(ES.DELAYED) if t.due < self.now - self.tolerance
+        ]
+        _check(not late, "I7", f"at {self.now:g}, still DELAYED past their due time: {late}")
+
     def check_invariants(self, stats: Mapping[str, Any] | None) -> None:
         """The invariants after a step, against the port's statistics (None: the port
         reports none)."""
@@ -1062,11 +1073,7 @@ class Oracle:
             t.name for t in live if t.spec.type in self.blacklist and t.state is not ES.RUNNING
         ]
         _check(not banned, "I4", f"live envelopes of blacklisted types: {banned}")
-        # Delayed envelopes become ready on time.
-        late = [
-            (t.name, t.due) for t in self.in_state(ES.DELAYED) if t.due < self.now - self.tolerance
-        ]
-        _check(not late, "I7", f"at {self.now:g}, still DELAYED past their due time: {late}")
+        self.check_due()
         # I5: nothing lost.
         self.coverage.check("I5")
         _check(not self.returned, "I5", f"RETURNED but not handed back: {self.returned}")

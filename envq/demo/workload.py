@@ -193,16 +193,17 @@ class Workload:
         )
 
     def reports(self) -> list[Envelope]:
-        """``report/1`` and ``report/2``, due at 20 % and 50 % of the duration."""
+        """``report/21`` and ``report/22``, due at 20 % and 50 % of the duration (ids
+        apart from the emails': an ``id`` is the dedup key)."""
         d = self.options.duration
         return [
             Envelope(invoke=self.render_report, id=n, type="report", deadline=2, delay=delay)
-            for n, delay in ((1, round(0.2 * d, 2)), (2, round(0.5 * d, 2)))
+            for n, delay in ((21, round(0.2 * d, 2)), (22, round(0.5 * d, 2)))
         ]
 
     def late_report(self) -> Envelope:
-        """``report/3``, sent once its type is blacklisted."""
-        return Envelope(invoke=self.render_report, id=3, type="report")
+        """``report/23``, sent once its type is blacklisted."""
+        return Envelope(invoke=self.render_report, id=23, type="report")
 
     def ping(self) -> Envelope:
         """``email/11``, sent while the queue is stopped."""
