@@ -1023,15 +1023,10 @@ class Oracle:
     # -- invariants -------------------------------------------------------------------
 
     def check_due(self, now: float | None = None) -> None:
-        """Delayed envelopes become ready on time: none is still DELAYED past its due
-        time at ``now`` (the port's time, which moves ``now`` on; default: the time of
-        the last observation)."""
-        if now is not None:
-            self.now = max(self.now, now)
-        late = [
-            (t.name, t.due) for t in self.in_state(ES.DELAYED) if t.due < self.now - self.tolerance
-        ]
-        _check(not late, "I7", f"at {self.now:g}, still DELAYED past their due time: {late}")
+        """No envelope still DELAYED past its due time at ``now`` (the port's time;
+        default: the last observation's)."""
+        self.now = self.now if now is None else max(self.now, now)
+        _check_due(self.in_state(ES.DELAYED), self.now, self.tolerance)
 
     def check_invariants(self, stats: Mapping[str, Any] | None) -> None:
         """The invariants after a step, against the port's statistics (None: the port
@@ -1081,6 +1076,12 @@ class Oracle:
             in_queue = 1 if t.state in LIVE else 0
             _check(t.ends == t.stays - in_queue, "I5", f"{t.name}: {t.stays} stays, {t.ends} ends")
             _check(not t.hooks, "I7", f"{t.name}: on_failure calls unaccounted for: {t.hooks}")
+
+
+def _check_due(delayed: Iterable[Track], now: float, tolerance: float) -> None:
+    """Delayed envelopes become ready on time."""
+    late = [(t.name, t.due) for t in delayed if t.due < now - tolerance]
+    _check(not late, "I7", f"at {now:g}, still DELAYED past their due time: {late}")
 
 
 def _report(
