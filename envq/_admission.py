@@ -12,11 +12,13 @@ of the SEND row of ``QUEUE_MOVES`` (resolved once).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NoReturn, cast
 
+from envq import _checks
 from envq._envelope import Enter, Envelope, _Rec
 from envq._errors import (
     BadEnvelope,
@@ -37,7 +39,16 @@ from envq._machine import (
 from envq._stats import Counters
 from envq._values import Rejection
 
-__all__ = ["Admission", "Waiter", "calendar_delay", "first_delay", "wall_offset"]
+__all__ = [
+    "Admission",
+    "Waiter",
+    "calendar_delay",
+    "first_delay",
+    "first_delay_at",
+    "unschedulable",
+    "wall_now",
+    "wall_offset",
+]
 
 _EV_SEND = EnvEvent.SEND
 
@@ -56,7 +67,8 @@ class Admission:
     """The admission side of one queue.
 
     :param owner: the queue (what an admitted envelope's record names as its owner).
-    :param live: the queue's live envelopes; ``blacklist``: its blacklisted types;
+    :param live: the queue's live envelopes; ``ids``: those with an ``id``, by it (the
+        dedup key); ``blacklist``: its blacklisted types;
         ``counts``: its counters (all lent, never replaced).
     :param enter: the queue's entry routine.
     :param first_delay: seconds an envelope waits before its first run.
@@ -71,6 +83,7 @@ class Admission:
         *,
         owner: object,
         live: dict[Envelope, _Rec],
+        ids: dict[Hashable, Envelope],
         blacklist: set[str],
         counts: Counters,
         enter: Enter,
@@ -82,6 +95,7 @@ class Admission:
         self.capacity = capacity
         self.owner = owner
         self.live = live
+        self.ids = ids
         self.blacklist = blacklist
         self._counts = counts
         self._enter = enter
@@ -106,6 +120,7 @@ class Admission:
                 self._refuse_state(row, items)
             buffer = row.action is LifeAction.BUFFER
         dedups = 0
+        careful = False
         blacklist = self.blacklist
         for env in items:
             # One pass for the common case; anything wrong → the ordered checks.
@@ -118,15 +133,24 @@ class Admission:
                 if owner is not self.owner:
                     self.refuse(items)
                 dedups += 1
+            if env._careful:
+                careful = True
         # Usually every envelope is new and the batch is admitted as it came.
         fresh = items
-        if dedups:
+        delays: dict[Envelope, float] = {}
+        if careful:
+            # Dedup by id, and every first delay worked out before anything moves (a
+            # schedule that cannot place its first run refuses the whole batch).
+            fresh = self.fresh(items)
+            dedups = len(items) - len(fresh)
+            delays = self.first_delays(fresh, probe=buffer)
+        elif dedups:
             fresh = [env for env in fresh if env._rec.owner is None]
         # A batch may name an envelope twice: the second is a dedup, found below as
         # already owned (cheaper than making the batch unique up front).
         if fresh and self.capacity:
             count = len(fresh)
-            if count > 1 and len(self.live) + count > self.capacity:
+            if count > 1 and not careful and len(self.live) + count > self.capacity:
                 count = len(set(fresh))
             over = len(self.live) + count > self.capacity
             if waiting:
@@ -158,15 +182,56 @@ class Admission:
             rec.failures = 0
             rec.owner = self.owner
             live[env] = rec
+            if careful and env.id is not None:
+                self.ids[env.id] = env
             if buffer:
                 enter(env, rec, _EV_SEND, self._buffered_to)
             else:
-                delay = self._first_delay(env) if env._timed else env.delay
+                delay = delays[env] if env._timed else env.delay
                 enter(env, rec, _EV_SEND, admitted_to[delay > 0], delay)
         self._seq = seq
         if dedups:
             self._counts.dedups += dedups
         return True
+
+    def fresh(self, items: Sequence[Envelope]) -> list[Envelope]:
+        """The envelopes of ``items`` to admit: neither live here nor named earlier in
+        the batch, each by its dedup key (its ``id`` if it has one, else itself)."""
+        ids = self.ids
+        seen: set[Hashable] = set()
+        fresh: list[Envelope] = []
+        for env in items:
+            if env._rec.owner is not None:
+                continue
+            key: Hashable = env.id
+            if key is None:
+                key = _Identity(env)
+            elif key in ids:
+                continue
+            if key in seen:
+                continue
+            seen.add(key)
+            fresh.append(env)
+        return fresh
+
+    def first_delays(self, fresh: Sequence[Envelope], probe: bool) -> dict[Envelope, float]:
+        """The first delay of every envelope of ``fresh`` that needs working out; a
+        schedule that cannot give one refuses the batch, naming the envelope. With
+        ``probe`` (a send into the pre-start buffer: the delays are worked out at
+        ``start()``) each is tried once on the system's clocks, so that a schedule that
+        can never start is the sender's error."""
+        delays: dict[Envelope, float] = {}
+        for env in fresh:
+            if env._timed:
+                try:
+                    if probe:
+                        first_delay_at(env, time.monotonic(), time.time())
+                    else:
+                        delays[env] = self._first_delay(env)
+                except Exception as exc:
+                    self._counts.rejections[Rejection.INVALID] += 1
+                    raise unschedulable(f"queue {self.name!r}", env, exc) from exc
+        return delays
 
     def refuse(self, items: Sequence[object]) -> NoReturn:
         """Raise the error of the earliest failing check over the whole batch:
@@ -209,16 +274,13 @@ class Admission:
         if not capacity or self._send_row().action is LifeAction.REJECT:
             return True
         blacklist = self.blacklist
-        fresh: set[Envelope] = set()
         for env in items:
             if not isinstance(env, Envelope) or (blacklist and env.type in blacklist):
                 return True
             owner = env._rec.owner
-            if owner is None:
-                fresh.add(env)
-            elif owner is not self.owner:
+            if owner is not None and owner is not self.owner:
                 return True
-        return len(self.live) + len(fresh) <= capacity
+        return len(self.live) + len(self.fresh(items)) <= capacity
 
     async def wait(
         self,
@@ -229,15 +291,14 @@ class Admission:
         """Wait (first come, first served) until ``batch`` is admitted; raise what
         ``send()`` would raise if the queue changes state meanwhile, and
         ``CapacityExceeded`` on ``timeout``."""
-        distinct = {
-            id(env)
-            for env in batch
-            if not (isinstance(env, Envelope) and env._rec.owner is self.owner)
-        }
-        if self.capacity and len(distinct) > self.capacity:
+        if all(isinstance(env, Envelope) for env in batch):
+            distinct = len(self.fresh(batch))
+        else:  # refused once woken, by the checks of send()
+            distinct = len({id(env) for env in batch})
+        if self.capacity and distinct > self.capacity:
             self._counts.rejections[Rejection.CAPACITY] += 1
             raise CapacityExceeded(
-                f"queue {self.name!r}: a batch of {len(distinct)} envelopes can never fit "
+                f"queue {self.name!r}: a batch of {distinct} envelopes can never fit "
                 f"capacity {self.capacity}"
             )
         # Woken (first come, first served) when the batch fits or would be refused, the
@@ -263,31 +324,81 @@ class Admission:
             self.pump()
 
 
-def wall_offset(loop: asyncio.AbstractEventLoop) -> float:
-    """The wall clock minus ``loop``'s time: the loop's ``wall_time()`` if it has one
-    (the virtual-time loop), else ``time.time()``."""
+class _Identity:
+    """An envelope without an ``id`` as a dedup key: the object itself (an envelope's
+    own hash is by identity too, but a key must not compare equal to an ``id``)."""
+
+    __slots__ = ("env",)
+
+    def __init__(self, env: Envelope) -> None:
+        self.env = env
+
+    def __hash__(self) -> int:
+        return id(self.env)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.env is self.env
+
+
+def _brief(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def unschedulable(where: str, env: Envelope, exc: Exception) -> BadEnvelope:
+    """The error of an envelope whose schedule cannot place its first run: a
+    ``BadEnvelopeType`` (a ``TypeError``) for a schedule that answered something not a
+    time, a ``BadEnvelope`` (a ``ValueError``) for one that raised."""
+    error = BadEnvelopeType if isinstance(exc, TypeError) else BadEnvelope
+    return error(
+        f"{where}: the first run of {env.label()} cannot be placed: "
+        f"{_brief(_checks.show(env.schedule), 120)} (not_before={env.not_before!r}) "
+        f"gave {_brief(_checks.show(exc))}"
+    )
+
+
+def wall_now(loop: asyncio.AbstractEventLoop) -> float:
+    """The wall clock (seconds since the Unix epoch): ``loop``'s ``wall_time()`` if it
+    has one (the virtual-time loop), else ``time.time()``."""
     wall = getattr(loop, "wall_time", None)
-    return (wall() if callable(wall) else time.time()) - loop.time()
+    return float(wall()) if callable(wall) else time.time()
+
+
+def wall_offset(loop: asyncio.AbstractEventLoop) -> float:
+    """The wall clock minus ``loop``'s time."""
+    return wall_now(loop) - loop.time()
+
+
+def first_run_at(env: Envelope, at: float, offset: float) -> float:
+    """The loop time of ``env``'s calendar's first run from loop time ``at`` on, checked:
+    a schedule must answer a real number that is not NaN."""
+    schedule = cast("Any", env.schedule)
+    run = schedule.first_run(at, offset)
+    if run.__class__ is not float and (not isinstance(run, (int, float)) or isinstance(run, bool)):
+        raise TypeError(f"first_run() returned {_brief(_checks.show(run), 80)}, not a loop time")
+    if math.isnan(run):
+        raise ValueError("first_run() returned nan")
+    return float(run)
 
 
 def calendar_delay(env: Envelope, delay: float, loop: asyncio.AbstractEventLoop) -> float:
     """Seconds from now to the first run of ``env``'s calendar schedule, armed to run
     ``delay`` seconds from now on."""
     now = loop.time()
-    schedule = cast("Any", env.schedule)
-    at: float = schedule.first_run(now + max(0.0, delay), wall_offset(loop))
-    return at - now
+    return first_run_at(env, now + max(0.0, delay), wall_now(loop) - now) - now
 
 
 def first_delay(env: Envelope, loop: asyncio.AbstractEventLoop) -> float:
     """Seconds ``env`` waits before its first run: its ``delay``, or longer to reach
     ``not_before`` (by the loop's wall clock when it has one, as the virtual-time loop
     does, else the system's), and then to its calendar's first fire."""
+    return first_delay_at(env, loop.time(), wall_now(loop))
+
+
+def first_delay_at(env: Envelope, now: float, wall: float) -> float:
+    """:func:`first_delay` at loop time ``now`` and wall time ``wall``."""
     delay = env.delay
     if env.not_before is not None:
-        wall = getattr(loop, "wall_time", None)
-        now = wall() if callable(wall) else time.time()
-        delay = max(delay, env.not_before.timestamp() - now)
+        delay = max(delay, env.not_before.timestamp() - wall)
     if env._calendar:
-        delay = calendar_delay(env, delay, loop)
+        delay = first_run_at(env, now + max(0.0, delay), wall - now) - now
     return delay

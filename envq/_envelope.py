@@ -64,6 +64,7 @@ class _Rec:
         "due",
         "failures",
         "kind",
+        "logged",
         "origin",
         "owner",
         "seq",
@@ -83,6 +84,9 @@ class _Rec:
         self.tick = 0
         self.attempts = 0
         self.failures = 0
+        #: The loop time of the last WARNING about its row of unhandled periodic
+        #: failures (read only when a run fails).
+        self.logged = 0.0
 
 
 # Every field check raises BadEnvelopeType (a BadEnvelope and a TypeError) for a value
@@ -185,13 +189,16 @@ class Envelope:
     """One unit of work for a :class:`envq.Queue`.
 
     Every field is fixed after construction except :attr:`payload`; use
-    :meth:`evolve` for a validated copy with changes. Identity matters: a queue holds
-    an envelope *object* at most once at a time, and an envelope is live in at most
-    one queue at a time. Equality is identity.
+    :meth:`evolve` for a validated copy with changes. A queue holds an envelope at most
+    once at a time, by its ``id`` when it has one (else by identity), and an envelope
+    object is live in at most one queue at a time. Equality is identity.
 
     :param invoke: the work, called with the envelope; ``async def`` or plain (a
         plain one runs in the queue's thread pool).
-    :param id: any hashable value, for logs and metrics.
+    :param id: any hashable value, for logs and metrics, and the envelope's dedup key:
+        while an envelope with this ``id`` is live in a queue, sending another one with
+        the same ``id`` there is a dedup (without an ``id``, the envelope object itself
+        is the key).
     :param type: a name for logs, metric labels and the type blacklist.
     :param interval: seconds (or ``timedelta``); 0 = one-off, > 0 = periodic (at least
         a microsecond).
@@ -204,7 +211,9 @@ class Envelope:
     :param on_success: hook run after a successful attempt.
     :param stamps: envelope-level middleware, wrapped by the queue's stamps.
     :param payload: user data; the only field that may change after construction.
-    :param retry: retry policy for one-off envelopes without ``on_failure``.
+    :param retry: retry policy for one-off envelopes without ``on_failure``; refused
+        (:class:`envq.BadEnvelope`) beside ``on_failure`` or on a periodic envelope,
+        where it could never apply.
     :param delay: seconds after arming before the first run.
     :param not_before: an aware datetime: the earliest first run (wall clock).
     :param schedule: periodic timing: :data:`envq.FIXED_DELAY` or :data:`envq.FIXED_RATE`
@@ -241,6 +250,9 @@ class Envelope:
     _calendar: bool = attrs.field(init=False, default=False)
     #: The first delay needs working out (a not_before or a calendar).
     _timed: bool = attrs.field(init=False, default=False)
+    #: Admission must look closer: the envelope has an ``id`` (its dedup key) or a
+    #: first delay to work out, either of which may refuse or shrink the batch.
+    _careful: bool = attrs.field(init=False, default=False)
     #: :attr:`periodic`, read once (admission reads it for every envelope).
     _periodic: bool = attrs.field(init=False, default=False)
     _direct: bool = attrs.field(init=False, default=False)
@@ -253,6 +265,25 @@ class Envelope:
                 f"Envelope: interval must be 0 with the calendar schedule "
                 f"{_checks.show(self.schedule)} (it sets the times), got {self.interval!r}"
             )
+        if self.retry is not None:
+            # A policy that could never apply is refused rather than silently ignored.
+            if self.on_failure is not None:
+                raise BadEnvelope(
+                    "Envelope: retry and on_failure cannot be combined: on_failure decides "
+                    "every failure, so the retry policy would never apply (return "
+                    "envq.retry_after(...) from on_failure, or drop one of them)"
+                )
+            if calendar or self.interval > 0:
+                raise BadEnvelope(
+                    "Envelope: retry applies to one-off envelopes only; a periodic envelope "
+                    "goes on with its schedule after a failure (use on_failure to retry "
+                    "sooner), got retry with "
+                    + (
+                        f"schedule {_checks.show(self.schedule)}"
+                        if calendar
+                        else f"interval {self.interval!r}"
+                    )
+                )
         if self.interval > 0 and self.deadline > self.interval:
             raise BadIntervals(
                 f"deadline ({self.deadline!r} s) must not exceed interval "
@@ -267,7 +298,9 @@ class Envelope:
         set_(self, "_async_failure", is_async_callable(self.on_failure))
         set_(self, "_lean", self.before is None and self.after is None and not self.stamps)
         set_(self, "_calendar", calendar)
-        set_(self, "_timed", calendar or self.not_before is not None)
+        timed = calendar or self.not_before is not None
+        set_(self, "_timed", timed)
+        set_(self, "_careful", timed or self.id is not None)
         set_(self, "_periodic", self.interval > 0 or calendar)
 
     @property
@@ -298,6 +331,7 @@ class Envelope:
         for name in _SLOTS:
             set_(twin, name, getattr(self, name))
         set_(twin, "id", id)
+        set_(twin, "_careful", self._timed or id is not None)
         set_(twin, "payload", payload)
         set_(twin, "_rec", _Rec())
         return twin

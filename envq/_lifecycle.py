@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, assert_never
 
 from envq import _machine
-from envq._admission import Admission, calendar_delay
+from envq._admission import Admission, calendar_delay, unschedulable
 from envq._attempt import Threads, Worker
 from envq._crew import Crew
 from envq._envelope import Envelope
@@ -182,6 +182,27 @@ class Lifecycle:
 
     def arm_all(self, row: LifeRow) -> None:
         loop = self._host._bound_loop()
+        # Every delay worked out before anything moves: a schedule that cannot place
+        # its first run (or, after a stop, its next) refuses the start, naming the
+        # envelope, and the queue stays as it was (terminate() hands everything back).
+        delays: dict[Envelope, float] = {}
+        for env, rec in self._live.items():
+            if rec.state is _BUFFERED:
+                if not env._timed:
+                    delays[env] = env.delay
+                    continue
+                compute = self._host._first_delay
+            elif env._calendar:
+                # Fires missed while the queue was stopped are skipped.
+                def compute(env: Envelope) -> float:
+                    return calendar_delay(env, 0.0, loop)
+            else:
+                delays[env] = rec.due
+                continue
+            try:
+                delays[env] = compute(env)
+            except Exception as exc:
+                raise unschedulable(f"queue {self._name!r}: start()", env, exc) from exc
         self.run = None
         # Waiting producers are let in only once everything already admitted is armed:
         # their envelopes enter READY/DELAYED by admission, not by START, and queue up
@@ -189,13 +210,7 @@ class Lifecycle:
         self.set_state(row.target, pump=False)
         self._crew.spawn(loop)
         for env, rec in list(self._live.items()):
-            if rec.state is _BUFFERED:
-                delay = self._host._first_delay(env)
-            elif env._calendar:
-                # Fires missed while the queue was stopped are skipped.
-                delay = calendar_delay(env, 0.0, self._host._bound_loop())
-            else:
-                delay = rec.due
+            delay = delays[env]
             to = _machine.queue_move(rec.state, EnvEvent.START, delay > 0)
             assert to is not None, rec.state
             self._mover.enter(env, rec, EnvEvent.START, to, delay)

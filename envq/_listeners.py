@@ -8,6 +8,7 @@ nothing for events.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from envq._reports import Event
@@ -27,7 +28,7 @@ class Listeners:
     (the queue then checks every move against the tables).
     """
 
-    __slots__ = ("_name", "_on_change", "_strict", "aside", "handlers", "listeners")
+    __slots__ = ("_name", "_on_change", "_strict", "aside", "handlers", "listeners", "lock")
 
     def __init__(self, name: str, strict: bool, on_change: Callable[[bool], None]) -> None:
         self._name = name
@@ -36,8 +37,13 @@ class Listeners:
         self.listeners: list[Listener] = []
         #: Subscribed listeners that count as handling failures.
         self.handlers = 0
-        #: Events of a call from another thread, held for the loop's thread.
+        #: Events held for the loop's thread, in order: set while a call from another
+        #: thread runs (between two runs of the loop) and until the loop delivers them;
+        #: every event emitted meanwhile, on any thread, joins them.
         self.aside: list[Event] | None = None
+        #: Held by a call from another thread for its whole run (one at a time), and by
+        #: the loop's thread to take the events set aside.
+        self.lock = threading.Lock()
 
     @property
     def observed(self) -> bool:
@@ -76,8 +82,15 @@ class Listeners:
             except BaseException:
                 log.exception("queue %r: event listener %r failed", self._name, listener)
 
-    def emit_all(self, events: list[Event]) -> None:
-        """Emit ``events`` in order (events a call from another thread set aside for the
-        loop's thread)."""
-        for event in events:
+    def deliver_aside(self) -> None:
+        """On the loop's thread: deliver the events set aside, in order. While a call
+        from another thread is still running it does nothing: that call asks for
+        another delivery when it ends (so no event joins a list already delivered)."""
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            events, self.aside = self.aside, None
+        finally:
+            self.lock.release()
+        for event in events or ():
             self.emit(event)

@@ -77,6 +77,7 @@ class Mover:
         self._ready = store.ready
         self._idle = store.idle
         self._live = store.live
+        self._ids = store.ids
         self._delays = store.delays
         self._listeners = listeners
         self._counts = counts
@@ -182,6 +183,9 @@ class Mover:
             # The store's release, inline (the hot path): it leaves the live set and
             # the delay heap.
             del self._live[env]
+            ids = self._ids
+            if ids and ids.get(env.id) is env:
+                del ids[env.id]
             rec.owner = None
             if rec.tick:
                 self._delays.drop(rec)

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import signal
 import warnings
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -40,6 +41,109 @@ def checked_signals(where: str, signals: tuple[int, ...]) -> tuple[int, ...]:
     return wanted
 
 
+class _Hub:
+    """envq's handling of signals on one loop: every registration made by
+    ``stop_on_signals()`` (any queue, any number of times), and the handling each signal
+    had before envq took it, given back once no registration wants it any more.
+
+    The loop keeps one handler per signal; a second registration that took "the
+    previous handler" from the loop would take the first one's (and restore the loop's
+    no-op in the end). Here the first registration records the handling from before,
+    and every one is a subscriber.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        #: Per signal taken: the Python-level handler before envq, and the loop's own
+        #: handler of it then (its callback and arguments), if the loop had one.
+        self.before: dict[
+            int, tuple[Any, tuple[Callable[..., object], tuple[Any, ...]] | None]
+        ] = {}
+        #: Per signal taken: the registrations that want it, in order.
+        self.wanted: dict[int, list[_Registration]] = {}
+
+    def add(self, registration: _Registration) -> None:
+        for sig in registration.signals:
+            if sig not in self.wanted:
+                self.before[sig] = (signal.getsignal(sig), _loop_handler(self.loop, sig))
+                self.wanted[sig] = []
+                self.loop.add_signal_handler(sig, self.fire, sig)
+            self.wanted[sig].append(registration)
+
+    def remove(self, registration: _Registration) -> None:
+        for sig in registration.signals:
+            wanted = self.wanted.get(sig)
+            if wanted is None or registration not in wanted:
+                continue
+            wanted.remove(registration)
+            if not wanted:
+                self.give_back(sig)
+
+    def give_back(self, sig: int) -> None:
+        del self.wanted[sig]
+        handler, own = self.before.pop(sig)
+        self.loop.remove_signal_handler(sig)
+        if own is not None:
+            self.loop.add_signal_handler(sig, own[0], *own[1])
+        else:
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if not self.wanted:
+            _HUBS.pop(self.loop, None)
+
+    def fire(self, sig: int) -> None:
+        # Every registration that wants this signal fires once: each gives back all of
+        # its signals (a signal nobody wants any more returns to its handling from
+        # before envq), then stops its queue.
+        for registration in list(self.wanted.get(sig, ())):
+            registration.fire(sig)
+
+
+def _loop_handler(
+    loop: asyncio.AbstractEventLoop, sig: int
+) -> tuple[Callable[..., object], tuple[Any, ...]] | None:
+    """The loop's own handler of ``sig`` (one added with ``add_signal_handler`` before
+    envq's), as its callback and arguments, so that it can be put back."""
+    handles = getattr(loop, "_signal_handlers", None)
+    handle = handles.get(sig) if isinstance(handles, dict) else None
+    callback = getattr(handle, "_callback", None)
+    if handle is None or not callable(callback):
+        return None
+    return callback, tuple(getattr(handle, "_args", ()) or ())
+
+
+#: The hub of each loop that has signals taken by envq.
+_HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Hub] = weakref.WeakKeyDictionary()
+
+
+class _Registration:
+    """One ``stop_on_signals()`` call: its signals, and the stop to run at the first."""
+
+    def __init__(
+        self,
+        hub: _Hub,
+        name: str,
+        signals: tuple[int, ...],
+        stop: Callable[[], Coroutine[Any, Any, object]],
+    ) -> None:
+        self.hub = hub
+        self.name = name
+        self.signals = tuple(dict.fromkeys(signals))
+        self.stop = stop
+        self.given_back = False
+
+    def give_back(self) -> None:
+        if self.given_back:
+            return
+        self.given_back = True
+        self.hub.remove(self)
+
+    def fire(self, sig: int) -> None:
+        self.give_back()
+        loop = self.hub.loop
+        log.info("queue %r: signal %s received, stopping", self.name, signal.strsignal(sig))
+        keep_alive(loop.create_task(self.stop(), name=f"envq:{self.name}:stop-on-signal"))
+
+
 def on_first_signal(
     loop: asyncio.AbstractEventLoop,
     name: str,
@@ -47,28 +151,18 @@ def on_first_signal(
     stop: Callable[[], Coroutine[Any, Any, object]],
 ) -> Callable[[], None]:
     """Run ``stop()`` as a task on ``loop`` at the first of ``signals``, giving every
-    one of them back to its previous handler at once; returns the function that gives
-    them back without waiting for one."""
-    before = {sig: signal.getsignal(sig) for sig in signals}
-    given_back = False
+    one of them back at once; returns the function that gives them back without
+    waiting for one.
 
-    def give_back() -> None:
-        nonlocal given_back
-        if given_back:
-            return
-        given_back = True
-        for sig, handler in before.items():
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-
-    def on_signal(sig: int) -> None:
-        give_back()
-        log.info("queue %r: signal %s received, stopping", name, signal.strsignal(sig))
-        keep_alive(loop.create_task(stop(), name=f"envq:{name}:stop-on-signal"))
-
-    for sig in signals:
-        loop.add_signal_handler(sig, on_signal, sig)
-    return give_back
+    Registrations on one loop are chained (:class:`_Hub`): a signal stops every queue
+    that registered for it, and goes back to the handling it had before envq took it
+    once no registration wants it (a second Ctrl-C interrupts as it would have)."""
+    hub = _HUBS.get(loop)
+    if hub is None:
+        hub = _HUBS[loop] = _Hub(loop)
+    registration = _Registration(hub, name, signals, stop)
+    hub.add(registration)
+    return registration.give_back
 
 
 def to_dead_letter(

@@ -48,8 +48,8 @@ log = logging.getLogger("envq")
 _READY: Final = EnvState.READY
 _RUNNING_E: Final = EnvState.RUNNING
 _PERIODIC: Final = Kind.PERIODIC
-#: Seconds of a periodic envelope's failing runs one WARNING stands for (see
-#: Settler._log_periodic_failure).
+#: Seconds of loop time between two WARNINGs of one periodic envelope's row of failing
+#: runs (see Settler._log_periodic_failure).
 _FAILURE_LOG_WINDOW: Final = 60.0
 
 _Cause: TypeAlias = BaseException | None
@@ -260,7 +260,7 @@ class Settler:
             to = target
             delay, at = self._next_run(env, rec)
             if self.log_unhandled and not self.listeners.handlers:
-                self._log_periodic_failure(env, failures, delay, cause)
+                self._log_periodic_failure(env, rec, failures, delay, cause)
         else:
             decision = await self._runner.on_failure(w, env, cause, rec.failures)
             if self._banned_meanwhile(w, env, rec, outcome, cause):
@@ -269,16 +269,18 @@ class Settler:
         self._requeue(env, rec, outcome, to, delay, cause, at, retry=limited)
 
     def _log_periodic_failure(
-        self, env: Envelope, failures: int, delay: float, cause: BaseException | None
+        self, env: Envelope, rec: _Rec, failures: int, delay: float, cause: BaseException | None
     ) -> None:
-        """A periodic run failed and nothing handles it: log it, rate-limited by the
-        count of failures in a row (which a success resets), so that no state is kept
-        and a succeeding run pays nothing. The first failure of a row is logged, then
-        one each time the row spans another minute of intervals."""
-        span = failures * env.interval
-        window = _FAILURE_LOG_WINDOW
-        if failures > 1 and span // window == (span - env.interval) // window:
+        """A periodic run failed and nothing handles it: log it, rate-limited by loop
+        time. The first failure of a row (which a success ends) is logged at once, then
+        the first failure at least a minute after the last record. Only failures read
+        or write the time of the last record (``rec.logged``): a succeeding run pays
+        nothing, and a calendar schedule (no interval) or a slow failure is limited as
+        any other."""
+        now = self._clock()
+        if failures > 1 and now - rec.logged < _FAILURE_LOG_WINDOW:
             return
+        rec.logged = now
         if not log.isEnabledFor(logging.WARNING):
             return
         log.warning(

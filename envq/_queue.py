@@ -57,7 +57,7 @@ from envq._notify import (
     on_first_signal,
 )
 from envq._outcomes import Settler
-from envq._reports import Event, LiveEnvelope, StopReport
+from envq._reports import LiveEnvelope, StopReport
 from envq._stats import Counters
 from envq._store import MemoryStore
 from envq._timers import Deadlines
@@ -195,6 +195,7 @@ class Queue:
             capacity,
             owner=self,
             live=store.live,
+            ids=store.ids,
             blacklist=self._blacklist,
             counts=self._counts,
             enter=mover.enter,
@@ -297,7 +298,7 @@ class Queue:
         if loop is not None and _running_loop() is not loop:
             if loop.is_running():
                 return self._from_elsewhere(self.send, *envelopes)
-            if self._listeners and threading.get_ident() != self._loop_thread:
+            if threading.get_ident() != self._loop_thread:
                 return self._send_aside(loop, envelopes)
         row = self._lc.send_row
         if row.action is _ADMIT:
@@ -308,24 +309,34 @@ class Queue:
 
     def _send_aside(self, loop: asyncio.AbstractEventLoop, envelopes: Sequence[Envelope]) -> None:
         """``send()`` from another thread while the queue's loop is not running (between
-        two ``run_until_complete`` calls): nothing else can touch the queue, so the call
-        runs here and raises here; but listeners are promised the loop's thread, so its
-        events wait for the loop, which delivers them before anything else it runs."""
-        events: list[Event] = []
+        two ``run_until_complete`` calls): the call runs here and raises here, one such
+        call at a time. Listeners are promised the loop's thread, so the call's events
+        are set aside, with every event emitted until the loop delivers them (in
+        order), and the loop is asked to deliver them once the call is done: asked
+        before, it could run (started meanwhile) and deliver the list before the call
+        had added its events to it."""
+        events = self._events
+        started = True
         try:
-            loop.call_soon_threadsafe(self._events.emit_all, events)
-        except RuntimeError:  # closed meanwhile: nobody else will ever run listeners
-            events = []
-        else:
-            self._events.aside = events
-        try:
-            row = self._lc.send_row
-            if row.action is _ADMIT:
-                self._admit(envelopes, False)
-            else:
-                self._lc.perform(row, _SEND, envelopes)
+            with events.lock:
+                if not loop.is_running():
+                    started = False
+                    if events.aside is None:
+                        events.aside = []
+                    row = self._lc.send_row
+                    if row.action is _ADMIT:
+                        self._admit(envelopes, False)
+                    else:
+                        self._lc.perform(row, _SEND, envelopes)
         finally:
-            self._events.aside = None
+            if not started:
+                # Asked once the lock is free: a delivery that finds it held does nothing.
+                try:
+                    loop.call_soon_threadsafe(events.deliver_aside)
+                except RuntimeError:  # closed: nobody else will ever run listeners
+                    events.deliver_aside()
+        if started:  # the loop started meanwhile: the call is the loop's
+            self._from_elsewhere(self.send, *envelopes)
 
     async def send_wait(
         self,

@@ -100,8 +100,12 @@ def _zone(value: object) -> dt.tzinfo:
     name = _checks.instance("Cron: tz", value, str, want="an IANA time zone name or a tzinfo")
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"Cron: tz must be an IANA time zone name, got {name!r}") from exc
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # OSError: a folder of the zone database ("Europe"), read from the tzdata
+        # package as a file (IsADirectoryError), or another unreadable path.
+        raise ValueError(
+            f"Cron: tz must be an IANA time zone name, got {_checks.show(name)[:100]}"
+        ) from exc
 
 
 def _check_expr(inst: Cron, attr: Any, value: str) -> None:
@@ -125,7 +129,9 @@ class Cron:
     ``envq[cron]`` extra), which follows Debian cron on daylight-saving changes: a
     job at a fixed time that falls in the hour skipped in spring runs when the clocks
     have jumped (02:30 runs at 03:00); one in the hour repeated in autumn runs once,
-    at the first pass. Jobs with ``*`` in the minute or hour field follow real time.
+    at the first pass. Jobs with ``*`` in the minute or hour field (and six-field
+    expressions) follow real time in every zone: they fire at each moment whose local
+    time they name, through both passes of a repeated half hour or hour.
 
     A cron envelope's first run is the first fire at or after its arming (plus its
     ``delay`` / ``not_before``); each next run is the first fire after the previous
@@ -143,11 +149,22 @@ class Cron:
 
     expr: str = attrs.field(converter=_expr, validator=_check_expr)
     tz: dt.tzinfo = attrs.field(default=dt.UTC, converter=_zone)
+    #: The expression follows real time (``*`` in its minute or hour field, or six
+    #: fields) in a zone whose offset may change: its fires are walked offset by
+    #: offset (see :meth:`_real_time_fire`).
+    _walk: bool = attrs.field(init=False, default=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        fields = self.expr.split()
+        real_time = len(fields) == 6 or fields[0].startswith("*") or fields[1].startswith("*")
+        object.__setattr__(self, "_walk", real_time and not isinstance(self.tz, dt.timezone))
 
     def next_fire(self, after: float) -> float:
         """The first fire strictly after wall time ``after`` (seconds since the Unix
         epoch); a fire within a millisecond of ``after`` counts as at it."""
         start = math.floor(after + CRON_SLACK)
+        if self._walk:
+            return self._real_time_fire(start + 1)
         moment = dt.datetime.fromtimestamp(start, self.tz)
         for fire in _cronsim()(self.expr, moment):
             # Debian cron runs a fixed-time job once in a repeated hour: started in
@@ -155,6 +172,53 @@ class Cron:
             if fire.timestamp() > start:
                 return fire.timestamp()
         return math.inf  # no fire in the next fifty years
+
+    def _offset(self, t: int) -> float:
+        offset = dt.datetime.fromtimestamp(t, self.tz).utcoffset()
+        return 0.0 if offset is None else offset.total_seconds()
+
+    def _real_time_fire(self, t: int) -> float:
+        """The first instant at or after ``t`` (whole seconds since the epoch) whose
+        local time the expression names, for an expression that follows real time.
+
+        cronsim steps such expressions through an aware datetime by whole hours, which
+        skips or misses fires where an offset changes by half an hour (Lord Howe).
+        Here each stretch of constant offset is a plain, naive calendar: the naive
+        match after the local time at ``t`` is a fire if the offset does not change
+        before it; else the walk goes on from the change, with the new offset (so a
+        repeated half hour has both passes, and a skipped one none)."""
+        cronsim = _cronsim()
+        for _ in range(10_000):
+            offset = self._offset(t)
+            local = dt.datetime(1970, 1, 1) + dt.timedelta(seconds=t + offset - 1)
+            try:
+                match = next(iter(cronsim(self.expr, local)))
+            except StopIteration:
+                return math.inf  # no fire in the next fifty years
+            fire = int((match - dt.datetime(1970, 1, 1)).total_seconds() - offset)
+            change = self._next_change(t, offset, fire)
+            if change is None:
+                return float(fire)
+            t = change
+        return math.inf
+
+    def _next_change(self, t: int, offset: float, until: int) -> int | None:
+        """The first whole second in ``(t, until]`` whose offset is not ``offset``;
+        looked for a day at a time (two changes within one day are not seen), then
+        by halves."""
+        low = t
+        while low < until:
+            high = min(low + 86_400, until)
+            if self._offset(high) != offset:
+                while high - low > 1:
+                    middle = (low + high) // 2
+                    if self._offset(middle) == offset:
+                        low = middle
+                    else:
+                        high = middle
+                return high
+            low = high
+        return None
 
     def first_fire(self, at: float) -> float:
         """The first fire at or after wall time ``at``."""

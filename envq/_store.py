@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from envq._envelope import Envelope, _Rec
 from envq._machine import EnvState
@@ -42,7 +42,7 @@ class MemoryStore:
     would cost every envelope about a tenth of a microsecond.
     """
 
-    __slots__ = ("delays", "handed", "idle", "live", "ready")
+    __slots__ = ("delays", "handed", "idle", "ids", "live", "ready")
 
     def __init__(
         self,
@@ -52,6 +52,8 @@ class MemoryStore:
     ) -> None:
         #: The live envelopes, in admission order.
         self.live: dict[Envelope, _Rec] = {}
+        #: The live envelopes that have an ``id``, by it (the dedup key).
+        self.ids: dict[Hashable, Envelope] = {}
         #: READY envelopes, in the order they became ready.
         self.ready: deque[Envelope] = deque()
         #: DELAYED envelopes, by due time.

@@ -113,6 +113,22 @@ class _TaskFuture(concurrent.futures.Future[T]):
         return super().exception(timeout)
 
 
+class _TaskId:
+    """A task's envelope ``id``: its dedup key is the task (ids compare by identity),
+    and it reads as the task's name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return repr(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Task(Generic[T]):
     """One piece of work with a retry policy, dowork style.
 
@@ -373,7 +389,9 @@ class Task(Generic[T]):
 
         env = self._env = Envelope(
             invoke=invoke,
-            id=self.name,
+            # Unique to this task (two tasks of one function are two runs), shown as
+            # the task's name in logs.
+            id=_TaskId(self.name),
             deadline=self._within,
             # With one attempt there is nothing to retry: the task ends with its own
             # error, not MaxRetriesExceeded.
@@ -824,6 +842,7 @@ class TaskQueue:
         # Nothing can terminate the engine without its loop, and its envelopes are
         # these tasks, reported here: it need not warn about them when collected.
         self.queue._live.clear()
+        self.queue._store.ids.clear()
         for task in tasks:
             error = EnvqError(
                 f"task {task.name!r}: the event loop of task queue {self.name!r} ended "

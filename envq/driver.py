@@ -402,7 +402,9 @@ class Session:
         try:
             spec = EnvSpec.from_json(data)
             retry = None
-            if spec.policy is Policy.RETRY:
+            # A periodic envelope goes on with its schedule: envq refuses a retry policy
+            # on it, which the protocol's RETRY policy then means (no decision).
+            if spec.policy is Policy.RETRY and not (spec.interval > 0 or spec.cron):
                 retry = envq.Retry(
                     attempts=spec.attempts,
                     base=self.real(spec.base),

@@ -4,7 +4,10 @@ Load it with ``-p envq.pytest_plugin`` or ``pytest_plugins = ["envq.pytest_plugi
 in the root ``conftest.py``. Then:
 
 * ``@pytest.mark.virtual_time`` runs a coroutine test on a fresh
-  :class:`envq.testing.VirtualTimeLoop` (through :func:`envq.testing.run`);
+  :class:`envq.testing.VirtualTimeLoop` (through :func:`envq.testing.run`); its
+  keyword arguments are :func:`envq.testing.run`'s (``wall_start``, ``thread_grace``,
+  ``idle_timeout``), and :func:`virtual_time` makes the same marker with typed
+  arguments: ``@virtual_time(wall_start=datetime(2026, 3, 29, tzinfo=UTC))``;
 * ``@pytest.mark.real_clock`` runs it with ``asyncio.run`` on a plain loop (for the
   few smoke tests that must see real time); the closest of the two markers wins, so
   a test can opt out of its module's ``pytestmark``;
@@ -25,6 +28,7 @@ virtual-time loop themselves.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import functools
 import inspect
 from collections.abc import Callable, Generator
@@ -32,9 +36,9 @@ from typing import Any, Final
 
 import pytest
 
-from envq.testing import run
+from envq.testing import _check_clock_args, run
 
-__all__ = ["MODES", "EnvqPluginWarning"]
+__all__ = ["MODES", "EnvqPluginWarning", "virtual_time"]
 
 #: The values of the ``envq_virtual_time`` ini option.
 MODES: Final = ("marked", "all")
@@ -43,6 +47,27 @@ _OPTION: Final = "envq_virtual_time"
 _OWNERS: Final = {"asyncio": "pytest-asyncio", "anyio": "anyio", "trio": "pytest-trio"}
 #: Set on the function the plugin put in place of a coroutine test.
 _TAKEN: Final = "__envq_loop__"
+#: The keyword arguments the ``virtual_time`` marker takes (those of ``run``).
+_CLOCK_ARGS: Final = ("wall_start", "thread_grace", "idle_timeout")
+
+
+def virtual_time(
+    *,
+    wall_start: float | dt.datetime | None = None,
+    thread_grace: float = 2.0,
+    idle_timeout: float = 30.0,
+) -> pytest.MarkDecorator:
+    """The ``virtual_time`` marker with typed arguments: run the test on a fresh
+    :class:`envq.testing.VirtualTimeLoop` whose wall clock starts at ``wall_start``
+    (seconds since the epoch or an aware datetime; default: real now).
+
+    :raises TypeError: a value of the wrong type.
+    :raises ValueError: a bad value (a naive datetime, a negative grace, …).
+    """
+    _check_clock_args("virtual_time", wall_start, thread_grace, idle_timeout)
+    return pytest.mark.virtual_time(
+        wall_start=wall_start, thread_grace=thread_grace, idle_timeout=idle_timeout
+    )
 
 
 class EnvqPluginWarning(pytest.PytestWarning):
@@ -111,6 +136,30 @@ def _failing(fn: Callable[..., Any], message: str) -> Callable[..., None]:
     return test
 
 
+def _clock_args(item: pytest.Function) -> dict[str, Any] | str:
+    """The closest ``virtual_time`` marker's arguments for ``run``, checked; or what is
+    wrong with them."""
+    mark = item.get_closest_marker("virtual_time")
+    if mark is None:
+        return {}
+    if mark.args:
+        return "virtual_time takes keyword arguments only (wall_start, thread_grace, idle_timeout)"
+    unknown = sorted(set(mark.kwargs) - set(_CLOCK_ARGS))
+    if unknown:
+        return (
+            f"virtual_time has no argument {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(_CLOCK_ARGS)}"
+        )
+    args = {"wall_start": None, "thread_grace": 2.0, "idle_timeout": 30.0, **mark.kwargs}
+    try:
+        wall_start, grace, idle = _check_clock_args(
+            "virtual_time", args["wall_start"], args["thread_grace"], args["idle_timeout"]
+        )
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return {"wall_start": wall_start, "thread_grace": grace, "idle_timeout": idle}
+
+
 def _clock(item: pytest.Function) -> tuple[str | None, bool]:
     """The closest of the markers ``virtual_time`` and ``real_clock`` (a test's own
     marker overrides its class's or module's), ``"both"`` when one node has both; and
@@ -165,7 +214,11 @@ def _take(item: pytest.Function) -> None:
     elif real:
         item.obj = _on_loop(fn, asyncio.run, "real")
     else:
-        item.obj = _on_loop(fn, run, "virtual")
+        args = _clock_args(item) if virtual else {}
+        if isinstance(args, str):
+            item.obj = _failing(fn, f"{item.nodeid}: {args}")
+        else:
+            item.obj = _on_loop(fn, functools.partial(run, **args), "virtual")
 
 
 # trylast: the innermost wrapper, so the items are taken before pytest-asyncio's

@@ -27,6 +27,7 @@ on this loop (marker ``virtual_time``, or the ini option ``envq_virtual_time = a
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import math
 import selectors
 import threading
@@ -37,7 +38,7 @@ from typing import Any, Final, Self, TypeVar, TypeVarTuple, Unpack
 
 from envq import _checks
 
-__all__ = ["VirtualTimeDeadlock", "VirtualTimeLoop", "advance", "run"]
+__all__ = ["VirtualTimeDeadlock", "VirtualTimeLoop", "advance", "run", "wall_time"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -176,7 +177,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     virtual wall clock (seconds since the epoch), which envq uses to turn an
     envelope's ``not_before`` into a delay.
 
-    :param wall_start: the wall-clock value at virtual time 0 (default: real now).
+    :param wall_start: the wall-clock value at virtual time 0, as seconds since the
+        epoch or an aware datetime (default: real now).
     :param thread_grace: real seconds to wait for a running executor call before
         letting virtual time jump past it.
     :param idle_timeout: real seconds of total idleness before
@@ -186,7 +188,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __new__(
         cls,
         *,
-        wall_start: float | None = None,
+        wall_start: float | dt.datetime | None = None,
         thread_grace: float = 2.0,
         idle_timeout: float = 30.0,
     ) -> Self:
@@ -198,7 +200,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(
         self,
         *,
-        wall_start: float | None = None,
+        wall_start: float | dt.datetime | None = None,
         thread_grace: float = 2.0,
         idle_timeout: float = 30.0,
     ) -> None:
@@ -262,11 +264,29 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 def _check_clock_args(
     what: str, wall_start: object, thread_grace: object, idle_timeout: object
 ) -> tuple[float | None, float, float]:
+    if isinstance(wall_start, dt.datetime):
+        wall_start = _checks.aware_datetime(f"{what}: wall_start", wall_start).timestamp()
     return (
         None if wall_start is None else _checks.finite(f"{what}: wall_start", wall_start),
         _checks.seconds(f"{what}: thread_grace", thread_grace),
         _checks.seconds(f"{what}: idle_timeout", idle_timeout, positive=True),
     )
+
+
+def wall_time(loop: asyncio.AbstractEventLoop | None = None) -> float:
+    """The wall clock as ``loop`` (default: the running loop) sees it, in seconds since
+    the Unix epoch: a :class:`VirtualTimeLoop`'s virtual wall clock (``wall_start``
+    plus the virtual time elapsed), the system's clock on any other loop. What
+    ``envq.Cron`` and ``not_before`` read; typed, unlike ``loop.wall_time()`` on an
+    ``asyncio.AbstractEventLoop``.
+
+    :raises RuntimeError: no ``loop`` given and no loop running.
+    """
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    if isinstance(loop, VirtualTimeLoop):
+        return loop.wall_time()
+    return time.time()
 
 
 async def advance(seconds: float) -> None:
@@ -277,7 +297,7 @@ async def advance(seconds: float) -> None:
 def run(
     coro: Coroutine[Any, Any, T],
     *,
-    wall_start: float | None = None,
+    wall_start: float | dt.datetime | None = None,
     thread_grace: float = 2.0,
     idle_timeout: float = 30.0,
 ) -> T:

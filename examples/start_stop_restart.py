@@ -110,13 +110,17 @@ async def main() -> None:
     logging.getLogger("envq").setLevel(logging.INFO)  # logging_stamp logs at INFO
 
     email_1 = email("first")
+    # The Go example gives several envelopes one id (it dedups by pointer); envq dedups
+    # by id, so each envelope here has its own.
     email_2 = envq.Envelope(
-        invoke=printer("Email v2"), id=1, type="email_2", interval=0.3, after=stop_after
+        invoke=printer("Email v2"), id="email_2", type="email_2", interval=0.3, after=stop_after
     )
-    metrics = envq.Envelope(invoke=printer("Metrics v2"), id=2, type="metrics", interval=0.3)
-    metrics_1 = envq.Envelope(invoke=printer("Metrics v1"), id=2, type="metrics_1")
-    metrics_3 = envq.Envelope(invoke=fails, id=2, type="metrics_3")
-    food = envq.Envelope(invoke=printer("Fooding v2"), id=3, type="food", interval=0.2)
+    metrics = envq.Envelope(
+        invoke=printer("Metrics v2"), id="metrics", type="metrics", interval=0.3
+    )
+    metrics_1 = envq.Envelope(invoke=printer("Metrics v1"), id="metrics_1", type="metrics_1")
+    metrics_3 = envq.Envelope(invoke=fails, id="metrics_3", type="metrics_3")
+    food = envq.Envelope(invoke=printer("Fooding v2"), id="food", type="food", interval=0.2)
 
     queue = envq.Queue(
         "test_queue",

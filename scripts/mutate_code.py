@@ -322,10 +322,9 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-buffered-delay-ignored",
         "_lifecycle.py",
-        "            if rec.state is _BUFFERED:\n"
-        "                delay = self._host._first_delay(env)\n",
-        "            if rec.state is _BUFFERED:\n                delay = rec.due\n",
-        "envelopes buffered before start() ignore their delay / not_before",
+        "                if not env._timed:\n                    delays[env] = env.delay\n",
+        "                if not env._timed:\n                    delays[env] = rec.due\n",
+        "envelopes buffered before start() ignore their delay",
     ),
     _m(
         "queue-deadline-not-recorded",

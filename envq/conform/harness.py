@@ -617,8 +617,15 @@ class Harness:
         self._call({"cmd": "release", "env": name, "plan": plan.value}, check)
 
     def advance(self, seconds: float) -> None:
-        """Let ``seconds`` pass."""
-        self._call({"cmd": "advance", "seconds": seconds})
+        """Let ``seconds`` pass; then nothing may still wait past its due time (a port
+        that runs a schedule late is caught even if it never runs it)."""
+        oracle = self.oracle
+
+        def check(response: dict[str, Any]) -> None:
+            t = response.get("t")
+            oracle.check_due(float(t) if isinstance(t, (int, float)) else None)
+
+        self._call({"cmd": "advance", "seconds": seconds}, check)
 
     def stats(self) -> None:
         """The invariants, against the port's statistics."""

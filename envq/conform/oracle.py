@@ -1022,6 +1022,12 @@ class Oracle:
 
     # -- invariants -------------------------------------------------------------------
 
+    def check_due(self, now: float | None = None) -> None:
+        """No envelope still DELAYED past its due time at ``now`` (the port's time;
+        default: the last observation's)."""
+        self.now = self.now if now is None else max(self.now, now)
+        _check_due(self.in_state(ES.DELAYED), self.now, self.tolerance)
+
     def check_invariants(self, stats: Mapping[str, Any] | None) -> None:
         """The invariants after a step, against the port's statistics (None: the port
         reports none)."""
@@ -1062,11 +1068,7 @@ class Oracle:
             t.name for t in live if t.spec.type in self.blacklist and t.state is not ES.RUNNING
         ]
         _check(not banned, "I4", f"live envelopes of blacklisted types: {banned}")
-        # Delayed envelopes become ready on time.
-        late = [
-            (t.name, t.due) for t in self.in_state(ES.DELAYED) if t.due < self.now - self.tolerance
-        ]
-        _check(not late, "I7", f"at {self.now:g}, still DELAYED past their due time: {late}")
+        self.check_due()
         # I5: nothing lost.
         self.coverage.check("I5")
         _check(not self.returned, "I5", f"RETURNED but not handed back: {self.returned}")
@@ -1074,6 +1076,12 @@ class Oracle:
             in_queue = 1 if t.state in LIVE else 0
             _check(t.ends == t.stays - in_queue, "I5", f"{t.name}: {t.stays} stays, {t.ends} ends")
             _check(not t.hooks, "I7", f"{t.name}: on_failure calls unaccounted for: {t.hooks}")
+
+
+def _check_due(delayed: Iterable[Track], now: float, tolerance: float) -> None:
+    """Delayed envelopes become ready on time."""
+    late = [(t.name, t.due) for t in delayed if t.due < now - tolerance]
+    _check(not late, "I7", f"at {now:g}, still DELAYED past their due time: {late}")
 
 
 def _report(

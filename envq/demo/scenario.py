@@ -121,7 +121,7 @@ class Scenario:
         out.say(
             f"send {len(first)}: email/1..7, email/10 (delay {emails[9].delay:.2f}s), "
             f"metrics/queue (every {METRICS_INTERVAL}s, deadline {METRICS_DEADLINE}s), "
-            f"report/1 (delay {reports[0].delay:g}s), report/2 (delay {reports[1].delay:g}s)"
+            f"report/21 (delay {reports[0].delay:g}s), report/22 (delay {reports[1].delay:g}s)"
         )
         before = q.statistics().dedups
         q.send(emails[1])
@@ -149,7 +149,7 @@ class Scenario:
             try:
                 q.send(work.late_report())
             except envq.TypeBlacklisted as exc:
-                out.say(f"send(report/3) refused: {error_text(exc)}")
+                out.say(f"send(report/23) refused: {error_text(exc)}")
             else:
                 self.problems.append("a send of a blacklisted type was admitted")
 

@@ -171,7 +171,8 @@ class Workload:
                 id=n,
                 type="email",
                 deadline=3,
-                retry=self.retry,
+                # A bounce is decided by on_bounce; retry and on_failure never go together.
+                retry=None if mail.bounce else self.retry,
                 on_success=self.on_delivered,
                 on_failure=self.on_bounce if mail.bounce else None,
                 delay=0.7 * self.options.duration if n == _DIGEST else 0,
@@ -192,16 +193,17 @@ class Workload:
         )
 
     def reports(self) -> list[Envelope]:
-        """``report/1`` and ``report/2``, due at 20 % and 50 % of the duration."""
+        """``report/21`` and ``report/22``, due at 20 % and 50 % of the duration (ids
+        apart from the emails': an ``id`` is the dedup key)."""
         d = self.options.duration
         return [
             Envelope(invoke=self.render_report, id=n, type="report", deadline=2, delay=delay)
-            for n, delay in ((1, round(0.2 * d, 2)), (2, round(0.5 * d, 2)))
+            for n, delay in ((21, round(0.2 * d, 2)), (22, round(0.5 * d, 2)))
         ]
 
     def late_report(self) -> Envelope:
-        """``report/3``, sent once its type is blacklisted."""
-        return Envelope(invoke=self.render_report, id=3, type="report")
+        """``report/23``, sent once its type is blacklisted."""
+        return Envelope(invoke=self.render_report, id=23, type="report")
 
     def ping(self) -> Envelope:
         """``email/11``, sent while the queue is stopped."""

@@ -683,7 +683,8 @@ class Session:
             if spec.cron:
                 raise ValueError("cron is not supported by this driver")
             retry = None
-            if spec.policy is Policy.RETRY:
+            # RETRY on a periodic spec means no decision (envq refuses a policy there).
+            if spec.policy is Policy.RETRY and not (spec.interval > 0 or spec.cron):
                 retry = envq.Retry(
                     attempts=spec.attempts,
                     base=self.real(spec.base),

@@ -10,6 +10,8 @@ a process (``python tests/conform/faulty_drivers.py NAME``) speaking the same pr
   scheduled again as if it had succeeded.
 - ``terminate_drops_parked``: ``terminate()`` hands back nothing: the envelopes a
   stop parked are lost.
+- ``late_cron``: a cron envelope's next runs fall one model second after its fires (a
+  port that runs its schedules late).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from typing import Any
 
 import envq
-from envq.driver import Session, serve
+from envq.driver import Session, _ModelCron, serve
 
 
 class DoubleCount(Session):
@@ -65,13 +67,45 @@ class TerminateDropsParked(Session):
         return result
 
 
+class _LateModelCron(_ModelCron):
+    """The protocol's cron calendar whose next runs are ``late`` model seconds late."""
+
+    def __init__(self, cron: envq.Cron, session: Session, late: float) -> None:
+        super().__init__(cron, session)
+        self.late = late
+
+    def next_run(
+        self, interval: float, origin: float, previous: float, ended: float, offset: float
+    ) -> float:
+        on_time = super().next_run(interval, origin, previous, ended, offset)
+        return on_time + self.late * self.session.scale
+
+
+class LateCron(Session):
+    """A cron envelope's next runs come ``LATE`` model seconds after the fire."""
+
+    #: Model seconds each next run comes late.
+    LATE = 1.0
+
+    def cmd_define(self, command: dict[str, Any]) -> None:
+        super().cmd_define(command)
+        name = command["env"]
+        env = self.envs[name]
+        if isinstance(env.schedule, _ModelCron):
+            late = env.evolve(schedule=_LateModelCron(env.schedule.cron, self, self.LATE))
+            del self.names[env]
+            self.envs[name] = late
+            self.names[late] = name
+
+
 FAULTY: dict[str, type[Session]] = {
     "double_count": DoubleCount,
     "periodic_after_stop": PeriodicAfterStop,
     "terminate_drops_parked": TerminateDropsParked,
+    "late_cron": LateCron,
 }
 
-__all__ = ["FAULTY", "DoubleCount", "PeriodicAfterStop", "TerminateDropsParked"]
+__all__ = ["FAULTY", "DoubleCount", "LateCron", "PeriodicAfterStop", "TerminateDropsParked"]
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from envq.conform.runner import (
 )
 from envq.conform.transport import DriverCrashed, InProcessDriver, ProcessDriver, SharedProcess
 from envq.driver import Session
-from tests.conform.faulty_drivers import FAULTY, DoubleCount, TerminateDropsParked
+from tests.conform.faulty_drivers import FAULTY, DoubleCount, LateCron, TerminateDropsParked
 
 DRIVER = [sys.executable, "-m", "envq.driver"]
 FAULTY_SCRIPT = str(Path(__file__).resolve().parent / "faulty_drivers.py")
@@ -42,6 +42,7 @@ EXPECTED = {
     "double_count": "I1",
     "periodic_after_stop": "I7 OUTCOMES[PERIODIC,OK]",
     "terminate_drops_parked": "I5",
+    "late_cron": "I7",
 }
 
 #: The most commands a faulty driver's shrunk counterexample may need.
@@ -120,6 +121,29 @@ class TestFaultyDrivers:
         for i in range(1, len(commands)):
             shorter = commands[:i] + commands[i + 1 :]
             assert _violation(FAULTY[name], shorter) != (finding.check, finding.row), shorter
+
+    @pytest.mark.parametrize("late", [1.0, 5.0, 1000.0])
+    def test_a_late_schedule_is_seen_after_an_advance(self, late: float) -> None:
+        """A cron envelope every ten model seconds and 35 s of advance, no statistics
+        asked: a port whose next run comes late (even never within the advance) is
+        caught at the end of the advance; the reference driver is not."""
+        commands: list[dict[str, Any]] = [
+            {"cmd": "hello", "protocol": 1},
+            {"cmd": "queue", "workers": 1, "capacity": 0},
+            {"cmd": "define", "env": "e1", "spec": {"cron": "*/10 * * * * *"}},
+            {"cmd": "start"},
+            {"cmd": "send", "envs": ["e1"]},
+            {"cmd": "advance", "seconds": 35},
+        ]
+
+        class Late(LateCron):
+            LATE = late
+
+        with pytest.raises(Violation) as caught:
+            _replay(_in_process(Late), commands)
+        assert caught.value.check == "I7"
+        assert "10" in str(caught.value)
+        _replay(_in_process(), commands)
 
     def test_replay_from_the_command_line(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -753,6 +753,89 @@ class TestDedup:
         await q.terminate()
 
 
+class TestDedupById:
+    """One meaning of ``id``: the dedup key is the envelope's ``id`` when it has one
+    (identity otherwise), in process as on PostgreSQL."""
+
+    async def test_a_second_envelope_with_a_live_id_is_a_dedup(self) -> None:
+        """Two envelope objects with one id: while the first is live, the second is a
+        dedup (counted, no capacity, never runs); once the first has ended, the id can
+        be sent again."""
+        calls: list[envq.Envelope] = []
+        q = envq.Queue("q", capacity=5)
+        tracker = Tracker(q)
+        first, again = counted(calls, id="hook-1"), counted(calls, id="hook-1")
+        q.send(first)
+        q.send(again)
+        assert q.capacity_used == 1
+        assert q.statistics().dedups == 1
+        assert q.state_of(again) is None
+        assert tracker.of(again) == []
+        q.start()
+        await asyncio.sleep(1)
+        assert calls == [first]
+        later = counted(calls, id="hook-1")
+        q.send(later)
+        await asyncio.sleep(1)
+        assert calls == [first, later]
+        check_invariant(q, tracker, 5)
+        await q.terminate()
+
+    async def test_one_id_twice_in_a_batch_is_admitted_once(self) -> None:
+        calls: list[envq.Envelope] = []
+        q = envq.Queue("q", capacity=1)
+        a, b = counted(calls, id=7), counted(calls, id=7)
+        q.send(a, b)  # fits capacity 1: it names one id
+        assert q.capacity_used == 1
+        assert q.statistics().dedups == 1
+        q.start()
+        await asyncio.sleep(1)
+        assert calls == [a]
+        await q.terminate()
+
+    async def test_envelopes_without_an_id_dedup_by_identity(self) -> None:
+        calls: list[envq.Envelope] = []
+        q = envq.Queue("q")
+        a, b = counted(calls), counted(calls)
+        q.send(a, b, a)
+        assert (q.capacity_used, q.statistics().dedups) == (2, 1)
+        q.start()
+        await asyncio.sleep(1)
+        assert sorted(map(id, calls)) == sorted(map(id, [a, b]))
+        await q.terminate()
+
+    async def test_a_full_queue_takes_a_dedup_by_id(self) -> None:
+        """A dedup takes no capacity: a full queue accepts it without CapacityExceeded,
+        and send_wait returns at once for it."""
+        q = envq.Queue("q", capacity=1)
+        q.send(simple(id="x"))
+        q.send(simple(id="x"))
+        await q.send_wait(simple(id="x"), timeout=1)
+        assert (q.capacity_used, q.statistics().dedups) == (1, 2)
+        with pytest.raises(envq.CapacityExceeded):
+            q.send(simple(id="y"))
+        await q.terminate()
+
+    async def test_a_refused_batch_counts_no_dedup_and_admits_nothing(self) -> None:
+        q = envq.Queue("q", capacity=2)
+        q.send(simple(id="x"))
+        with pytest.raises(envq.CapacityExceeded):
+            q.send(simple(id="x"), simple(id="y"), simple(id="z"))
+        assert (q.capacity_used, q.statistics().dedups) == (1, 0)
+        await q.terminate()
+
+    async def test_the_id_is_free_again_after_terminate_hands_back(self) -> None:
+        q = envq.Queue("q")
+        q.send(simple(id="x"))
+        left = await q.terminate()
+        assert [env.id for env in left] == ["x"]
+        r = envq.Queue("r")
+        r.send(left[0])
+        r.send(simple(id="x"))
+        assert (r.capacity_used, r.statistics().dedups) == (1, 1)
+        await r.terminate()
+
+
 class TestInvariant:
     async def test_scenario(self) -> None:
         """capacity_used equals the live count after every step of a mixed scenario."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import re
 import sys
 import zoneinfo
@@ -96,6 +97,34 @@ class TestCronValue:
         """An unknown time zone raises ValueError naming it."""
         with pytest.raises(ValueError, match=r"Cron: tz .*'Mars/Olympus'"):
             envq.Cron("0 3 * * *", tz="Mars/Olympus")
+
+    @pytest.mark.parametrize("source", ["tzdata", "system"])
+    def test_zones_found_both_ways_and_a_folder_is_a_value_error(
+        self, source: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A zone is found in the tzdata package (Windows, or beside python-dateutil) or
+        in the system's database; either way a folder of the database ("Europe") is a
+        ValueError naming tz, not IsADirectoryError."""
+        system = "/usr/share/zoneinfo"
+        if source == "tzdata":
+            pytest.importorskip("tzdata")
+            paths: list[str] = []
+        else:
+            if not os.path.isfile(os.path.join(system, "Europe", "Berlin")):
+                pytest.skip("no system zone database here")
+            paths = [system]
+            monkeypatch.setitem(sys.modules, "tzdata", None)  # the system's, or nothing
+        zoneinfo.reset_tzpath(to=paths)
+        zoneinfo.ZoneInfo.clear_cache()
+        try:
+            cron = envq.Cron("0 3 * * *", tz="Europe/Berlin")
+            assert str(cron.tz) == "Europe/Berlin"
+            for folder in ("Europe", "America/Argentina"):
+                with pytest.raises(ValueError, match=r"Cron: tz .*" + re.escape(repr(folder))):
+                    envq.Cron("0 3 * * *", tz=folder)
+        finally:
+            zoneinfo.reset_tzpath()
+            zoneinfo.ZoneInfo.clear_cache()
 
     @pytest.mark.parametrize(("expr", "tz"), [(3, "UTC"), (b"* * * * *", "UTC"), ("* * * * *", 1)])
     def test_wrong_types_are_type_errors(self, expr: object, tz: object) -> None:

@@ -119,7 +119,6 @@ class TestEnvelopeConstruction:
             on_success=hook,
             stamps=[stamp],
             payload=payload,
-            retry=retry,
             delay=2.5,
             not_before=when,
             schedule=envq.FIXED_RATE,
@@ -133,9 +132,10 @@ class TestEnvelopeConstruction:
         assert env.on_success is hook
         assert tuple(env.stamps) == (stamp,)
         assert env.payload is payload
-        assert env.retry is retry
         assert env.not_before == when
         assert env.schedule is envq.FIXED_RATE
+        # retry goes only on a one-off envelope without on_failure (see the refusals).
+        assert envq.Envelope(invoke=sync_work, retry=retry).retry is retry
 
     @pytest.mark.parametrize("field", SECONDS_FIELDS)
     def test_timedelta_means_seconds(self, field: str) -> None:
@@ -285,6 +285,39 @@ class TestEnvelopeValidation:
         with pytest.raises(envq.BadEnvelope) as info:
             make(stamps=value)
         assert_names(info.value, "stamps")
+
+    def test_retry_beside_on_failure_is_refused(self) -> None:
+        """on_failure decides every failure, so a retry policy beside it could never
+        apply: refused at construction (and by evolve), naming both parameters."""
+
+        def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> None:
+            """A failure hook."""
+
+        retry = envq.Retry(attempts=4)
+        with pytest.raises(envq.BadEnvelope) as info:
+            make(retry=retry, on_failure=on_failure)
+        assert isinstance(info.value, ValueError)
+        assert_names(info.value, "retry", "on_failure")
+        with pytest.raises(envq.BadEnvelope, match="on_failure"):
+            make(retry=retry).evolve(on_failure=on_failure)
+
+    @pytest.mark.parametrize(
+        "periodic",
+        [{"interval": 60}, {"interval": 1, "schedule": envq.FIXED_RATE}, {"cron": True}],
+        ids=["interval", "fixed-rate", "cron"],
+    )
+    def test_retry_on_a_periodic_envelope_is_refused(self, periodic: dict[str, Any]) -> None:
+        """A periodic envelope goes on with its schedule after a failure: a retry policy
+        on it could never apply, so it is refused, naming retry and the schedule."""
+        fields = dict(periodic)
+        if fields.pop("cron", False):
+            pytest.importorskip("cronsim")
+            fields["schedule"] = envq.Cron("0 3 * * *")
+        with pytest.raises(envq.BadEnvelope) as info:
+            make(retry=envq.Retry(attempts=4), **fields)
+        assert_names(info.value, "retry", "periodic")
+        with pytest.raises(envq.BadEnvelope, match="retry"):
+            make(**fields).evolve(retry=envq.Retry())
 
     def test_bad_envelope_is_value_error(self) -> None:
         """Validation errors can be caught as ValueError."""

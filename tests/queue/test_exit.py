@@ -172,6 +172,127 @@ class TestStopOnSignals:
         assert q.state is Q.RUNNING
         await q.terminate()
 
+    async def test_every_registered_queue_stops_then_the_previous_handler(
+        self, previous_sigterm: list[int]
+    ) -> None:
+        """Two queues take SIGTERM: the first signal stops both (not only the one that
+        registered last); the second reaches the handler from before envq."""
+        first, second = envq.Queue("first"), envq.Queue("second")
+        for q in (first, second):
+            q.start()
+            q.stop_on_signals()
+            q.send(envq.Envelope(invoke=work, payload=100))
+        await asyncio.sleep(1)
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(1)
+        assert (first.state, second.state) == (Q.STOPPING, Q.STOPPING)
+        assert previous_sigterm == []
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(1)
+        assert previous_sigterm == [signal.SIGTERM]
+        for q in (first, second):
+            await q.terminate()
+
+    async def test_one_queue_registering_twice_gives_the_signal_back(
+        self, previous_sigterm: list[int]
+    ) -> None:
+        q = envq.Queue("twice")
+        q.start()
+        q.stop_on_signals()
+        q.stop_on_signals(signal.SIGTERM)
+        q.send(envq.Envelope(invoke=work, payload=100))
+        await asyncio.sleep(1)
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(1)
+        assert q.state is Q.STOPPING
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(1)
+        assert previous_sigterm == [signal.SIGTERM]
+        await q.terminate()
+
+    async def test_giving_back_one_registration_keeps_the_others(
+        self, previous_sigterm: list[int]
+    ) -> None:
+        """A registration given back early leaves the signal to the other queue's; once
+        neither wants it, the handler from before is back."""
+        first, second = envq.Queue("first"), envq.Queue("second")
+        before = signal.getsignal(signal.SIGTERM)
+        for q in (first, second):
+            q.start()
+        remove_first = first.stop_on_signals(signal.SIGTERM)
+        remove_second = second.stop_on_signals(signal.SIGTERM)
+        remove_first()
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(1)
+        assert (first.state, second.state) == (Q.RUNNING, Q.STOPPED)
+        assert previous_sigterm == []
+        remove_second()  # already given back by the signal: a no-op
+        assert signal.getsignal(signal.SIGTERM) is before
+        for q in (first, second):
+            await q.terminate()
+
+    async def test_the_loops_own_handler_from_before_is_given_back(self) -> None:
+        """A handler the program added on the loop before envq took the signal gets the
+        second signal."""
+        loop = asyncio.get_running_loop()
+        got: list[str] = []
+        loop.add_signal_handler(signal.SIGTERM, got.append, "own")
+        try:
+            first, second = envq.Queue("first"), envq.Queue("second")
+            for q in (first, second):
+                q.start()
+                q.stop_on_signals(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+            await asyncio.sleep(1)
+            assert (first.state, second.state) == (Q.STOPPED, Q.STOPPED)
+            assert got == []
+            signal.raise_signal(signal.SIGTERM)
+            await asyncio.sleep(1)
+            assert got == ["own"]
+            for q in (first, second):
+                await q.terminate()
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    def test_a_second_ctrl_c_interrupts_with_two_queues(self, tmp_path: Path) -> None:
+        """Two queues take SIGINT; the first Ctrl-C stops both, the second raises
+        KeyboardInterrupt as it would have without envq (real process, real clock)."""
+        script = tmp_path / "two_queues.py"
+        script.write_text(
+            textwrap.dedent(
+                """
+                import asyncio, signal
+                import envq
+
+                async def slow(env):
+                    await asyncio.sleep(30)
+
+                async def main():
+                    queues = [envq.Queue("a"), envq.Queue("b")]
+                    for q in queues:
+                        q.start()
+                        q.stop_on_signals()
+                        q.send(envq.Envelope(invoke=slow))
+                    await asyncio.sleep(0.05)
+                    signal.raise_signal(signal.SIGINT)
+                    await asyncio.sleep(0.05)
+                    print("states", [q.state.name for q in queues], flush=True)
+                    signal.raise_signal(signal.SIGINT)
+                    await asyncio.sleep(5)
+                    print("not interrupted", flush=True)
+
+                asyncio.run(main())
+                """
+            )
+        )
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert "states ['STOPPING', 'STOPPING']" in done.stdout, done.stdout + done.stderr
+        assert "not interrupted" not in done.stdout
+        assert done.returncode != 0
+        assert "KeyboardInterrupt" in done.stderr
+
     async def test_bad_signals(self) -> None:
         q = envq.Queue("service")
         q.start()

@@ -163,3 +163,123 @@ def test_send_from_another_thread_between_runs_still_raises_at_once() -> None:
         loop.run_until_complete(q.terminate())
     finally:
         loop.close()
+
+
+def _paths_from_new(events: list[envq.Event]) -> dict[object, list[envq.EnvState]]:
+    """Each envelope's moves as a path of states; asserts every path starts at NEW and
+    each move starts where the last one ended (none lost, none out of order)."""
+    paths: dict[object, list[envq.EnvState]] = {}
+    for ev in events:
+        if ev.envelope is None:
+            continue
+        path = paths.setdefault(ev.envelope.id, [])
+        expected = path[-1] if path else S.NEW
+        assert ev.from_state is expected, (ev.envelope.id, path, ev.from_state, ev.to_state)
+        path.append(ev.to_state)
+    return paths
+
+
+class _Gated:
+    """A schedule of one's own whose first run waits (in the sender's thread) for the
+    test to let it go: a send that is paused half-way."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def first_run(self, at: float, offset: float) -> float:
+        self.entered.set()
+        assert self.go.wait(10)
+        return at
+
+    def next_run(
+        self, interval: float, origin: float, previous: float, ended: float, offset: float
+    ) -> float:
+        return ended + 3600
+
+
+def test_a_send_from_another_thread_still_running_when_the_loop_runs_loses_no_event() -> None:
+    """A send from another thread between two runs of the loop is still admitting when
+    the loop runs again: its admission events (NEW → READY) are delivered, on the
+    loop's thread, in order with the moves that follow (they were lost: the loop
+    delivered the list set aside before the send had added to it)."""
+    loop = VirtualTimeLoop()
+    q = envq.Queue("paused-send")
+    events: list[envq.Event] = []
+    threads: set[int] = set()
+
+    def listen(ev: envq.Event) -> None:
+        events.append(ev)
+        threads.add(threading.get_ident())
+
+    q.subscribe(listen)
+    gate = _Gated()
+    plain = envq.Envelope(invoke=noop, id="plain")
+    gated = envq.Envelope(invoke=noop, id="gated", schedule=gate)
+
+    async def begin() -> None:
+        q.start()
+
+    async def let_go() -> None:
+        gate.go.set()
+        await asyncio.to_thread(sender.join)
+        await asyncio.sleep(1)
+
+    sender = threading.Thread(target=q.send, args=(plain, gated))
+    try:
+        loop.run_until_complete(begin())
+        sender.start()
+        assert gate.entered.wait(10)
+        loop.run_until_complete(let_go())
+        paths = _paths_from_new(events)
+        assert paths["plain"] == [S.READY, S.RUNNING, S.SUCCEEDED]
+        assert paths["gated"][:3] == [S.READY, S.RUNNING, S.DELAYED]
+        assert threads == {threading.get_ident()}
+        loop.run_until_complete(q.terminate())
+    finally:
+        gate.go.set()
+        loop.close()
+
+
+def test_eight_threads_sending_while_the_loop_stops_and_runs_again() -> None:
+    """Eight threads send while the loop is run again and again: every admitted
+    envelope's moves reach the listener from NEW on, in order, on the loop's thread."""
+    loop = VirtualTimeLoop()
+    q = envq.Queue("many-senders", workers=4)
+    events: list[envq.Event] = []
+    threads: set[int] = set()
+
+    def listen(ev: envq.Event) -> None:
+        events.append(ev)
+        threads.add(threading.get_ident())
+
+    q.subscribe(listen)
+    done = threading.Event()
+
+    def produce(k: int) -> None:
+        for i in range(150):
+            q.send(envq.Envelope(invoke=noop, id=(k, i)))
+
+    async def begin() -> None:
+        q.start()
+
+    async def a_while() -> None:
+        await asyncio.sleep(0.01)
+
+    senders = [threading.Thread(target=produce, args=(k,)) for k in range(8)]
+    try:
+        loop.run_until_complete(begin())
+        for t in senders:
+            t.start()
+        while any(t.is_alive() for t in senders):
+            loop.run_until_complete(a_while())
+        done.set()
+        loop.run_until_complete(asyncio.sleep(1))
+        paths = _paths_from_new(events)
+        assert len(paths) == 8 * 150
+        assert all(path[-1] is S.SUCCEEDED for path in paths.values())
+        assert q.statistics().by_state[S.SUCCEEDED] == 8 * 150
+        assert threads == {threading.get_ident()}
+        loop.run_until_complete(q.terminate())
+    finally:
+        loop.close()

@@ -258,26 +258,6 @@ class TestDecisions:
             assert final.outcome is Outcome.ERROR
             assert len(invoke.times) == 1
 
-    async def test_on_failure_overrides_retry_policy(self) -> None:
-        """When on_failure is set its decision wins over the envelope's Retry policy."""
-
-        async def on_failure(
-            env: envq.Envelope, exc: BaseException, attempt: int
-        ) -> envq.Decision | None:
-            return envq.drop()
-
-        invoke = Starts(fails=99)
-        env = envq.Envelope(
-            invoke=invoke, on_failure=on_failure, retry=envq.Retry(attempts=5, jitter=False)
-        )
-        async with running() as (q, rec):
-            q.send(env)
-            final = await rec.ended(env)
-            await asyncio.sleep(100)
-            assert final.to_state is EnvState.FAILED
-            assert not isinstance(final.cause, envq.MaxRetriesExceeded)
-            assert len(invoke.times) == 1
-
     async def test_on_failure_gets_env_error_and_attempt_number(self) -> None:
         """on_failure receives the envelope, the attempt's error and the 1-based attempt number."""
         seen: list[tuple[envq.Envelope, BaseException, int]] = []
@@ -609,9 +589,7 @@ class TestHookErrors:
             raise crash
 
         invoke = Starts(fails=99)
-        env = envq.Envelope(
-            invoke=invoke, on_failure=on_failure, retry=envq.Retry(attempts=5, jitter=False)
-        )
+        env = envq.Envelope(invoke=invoke, on_failure=on_failure)
         later = envq.Envelope(invoke=noop)
         async with running(workers=1) as (q, rec):
             q.send(env)

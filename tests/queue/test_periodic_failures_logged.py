@@ -56,9 +56,9 @@ async def test_a_one_second_job_failing_for_three_minutes_logs_a_handful(
     await asyncio.sleep(180.5)
     logged = failures(caplog)
     assert q.statistics().outcomes[envq.Outcome.ERROR] >= 180
-    # t = 0, then about once a minute (failures 60, 120, 180 in a row)
-    assert 3 <= len(logged) <= 4, [r.getMessage() for r in logged]
-    assert "60 in a row" in logged[1].getMessage()
+    # t = 0, then once a minute of loop time (t = 60, 120, 180: failures 61, 121, 181)
+    assert len(logged) == 4, [r.getMessage() for r in logged]
+    assert "61 in a row" in logged[1].getMessage()
     await q.terminate()
 
 
@@ -69,6 +69,79 @@ async def test_every_failure_of_a_slow_job_is_logged(caplog: pytest.LogCaptureFi
     q.send(envq.Envelope(invoke=broken, interval=120))
     await asyncio.sleep(500)
     assert len(failures(caplog)) == 5  # t = 0, 120, 240, 360, 480
+    await q.terminate()
+
+
+async def test_a_failing_cron_job_is_logged_about_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A calendar envelope has no interval: the limit is time, not failures × interval.
+    An hourly cron job failing for ten days is logged at every failure (240)."""
+    pytest.importorskip("cronsim")
+    caplog.set_level(logging.WARNING, logger="envq")
+    q = envq.Queue("cron")
+    q.start()
+    q.send(envq.Envelope(invoke=broken, schedule=envq.Cron("0 * * * *")))
+    await asyncio.sleep(10 * 24 * 3600 - 1)
+    assert q.statistics().outcomes[envq.Outcome.ERROR] == 240
+    assert len(failures(caplog)) == 240
+    await q.terminate()
+
+
+async def test_a_cron_job_failing_every_second_is_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A six-field cron job failing every second is logged as an interval of 1 s is."""
+    pytest.importorskip("cronsim")
+    caplog.set_level(logging.WARNING, logger="envq")
+    q = envq.Queue("cron-flood")
+    q.start()
+    q.send(envq.Envelope(invoke=broken, schedule=envq.Cron("* * * * * *")))
+    await asyncio.sleep(180.5)
+    logged = failures(caplog)
+    assert q.statistics().outcomes[envq.Outcome.ERROR] >= 180
+    assert 3 <= len(logged) <= 4, [r.getMessage() for r in logged]
+    await q.terminate()
+
+
+async def test_slow_failures_are_logged_about_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """interval=1 with attempts that fail after 59 s: one failure a minute, and one
+    record a minute (a count of failures × interval would log one in fifteen)."""
+    caplog.set_level(logging.WARNING, logger="envq")
+
+    async def slow_broken(env: envq.Envelope) -> None:
+        await asyncio.sleep(59)
+        raise ConnectionError("timed out")
+
+    q = envq.Queue("slow-failures")
+    q.start()
+    q.send(envq.Envelope(invoke=slow_broken, interval=1))
+    await asyncio.sleep(3 * 3600 + 30)
+    assert q.statistics().outcomes[envq.Outcome.ERROR] == 180
+    assert len(failures(caplog)) == 180
+    await q.terminate()
+
+
+async def test_a_success_starts_a_new_row_logged_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first failure after a success is logged at once, whenever the last record was."""
+    caplog.set_level(logging.WARNING, logger="envq")
+    runs = 0
+
+    async def flaky(env: envq.Envelope) -> None:
+        nonlocal runs
+        runs += 1
+        if runs != 3:
+            raise ConnectionError("flaky")
+
+    q = envq.Queue("rows")
+    q.start()
+    q.send(envq.Envelope(invoke=flaky, interval=1))
+    await asyncio.sleep(4.5)  # fails at 0, 1; succeeds at 2; fails at 3, 4
+    assert [("1 in a row" in r.getMessage()) for r in failures(caplog)] == [True, True]
     await q.terminate()
 
 

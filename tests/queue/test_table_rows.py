@@ -98,11 +98,10 @@ class TestOneOffRows:
     @pytest.mark.parametrize(("step", "outcome"), FAILURES)
     async def test_failure_asks_on_failure(self, step: str, outcome: Outcome) -> None:
         """(ONE_OFF, ERROR|TIMEOUT|EXPIRED) DECIDE: on_failure's decisions (retry_now → READY,
-        retry_after → DELAYED, drop → FAILED) win over the Retry policy; attempt numbers
-        count every attempt."""
+        retry_after → DELAYED, drop → FAILED); attempt numbers count every attempt."""
         w = World()
         decisions = iter([envq.retry_now(), envq.retry_after(7), envq.drop()])
-        a = w.env("a", step, step, step, decisions=decisions, deadline=2, retry=RETRY)
+        a = w.env("a", step, step, step, decisions=decisions, deadline=2)
         w.q.start()
         w.q.send(a)
         await w.ended(a)
@@ -183,7 +182,7 @@ class TestOneOffRows:
         """(ONE_OFF, NO_RETRY) REPORT_FAILURE → FAILED: on_failure is told (attempt 1),
         its retry decision and the Retry policy are ignored."""
         w = World()
-        a = w.env("a", "no_retry", decisions=iter([envq.retry_now()]), retry=RETRY)
+        a = w.env("a", "no_retry", decisions=iter([envq.retry_now()]))
         b = w.env("b", "no_retry", hooks=False, retry=RETRY)
         w.q.start()
         w.q.send(a, b)
@@ -200,7 +199,7 @@ class TestOneOffRows:
     async def test_stop_envelope_ends_stopped_quietly(self) -> None:
         """(ONE_OFF, STOP) END → STOPPED: no hook, no retry, the type not blacklisted."""
         w = World()
-        a = w.env("a", "stop", decisions=iter([envq.retry_now()]), retry=RETRY, type="t")
+        a = w.env("a", "stop", decisions=iter([envq.retry_now()]), type="t")
         w.q.start()
         w.q.send(a)
         await w.ended(a)
@@ -218,7 +217,7 @@ class TestOneOffRows:
         """(ONE_OFF, STOP_TYPE) BLACKLIST → STOPPED: no hook; waiting envelopes of the
         type are stopped (READY|DELAYED, BLACKLIST) and the type is refused."""
         w = World(workers=1)
-        a = w.env("a", "stop_type", decisions=iter([envq.retry_now()]), retry=RETRY, type="t")
+        a = w.env("a", "stop_type", decisions=iter([envq.retry_now()]), type="t")
         r, d = w.env("r", type="t"), w.env("d", type="t", delay=30)
         other = w.env("o", type="u")
         w.q.start()
@@ -237,7 +236,7 @@ class TestOneOffRows:
     async def test_cancelled_by_stop_is_parked(self) -> None:
         """(ONE_OFF, CANCELLED) SHELVE, cause STOP → PARKED; no hook; runs on restart."""
         w = World()
-        a = w.env("a", "hang", decisions=iter([envq.retry_now()]), retry=RETRY)
+        a = w.env("a", "hang", decisions=iter([envq.retry_now()]))
         w.q.start()
         w.q.send(a)
         await advance(1)
@@ -255,7 +254,7 @@ class TestOneOffRows:
     async def test_cancelled_by_terminate_is_returned(self) -> None:
         """(ONE_OFF, CANCELLED) SHELVE, cause TERMINATE → RETURNED directly."""
         w = World()
-        a = w.env("a", "hang", decisions=iter([envq.retry_now()]), retry=RETRY)
+        a = w.env("a", "hang", decisions=iter([envq.retry_now()]))
         w.q.start()
         w.q.send(a)
         await advance(1)
@@ -292,9 +291,9 @@ class TestPeriodicRows:
         self, step: str, outcome: Outcome
     ) -> None:
         """(PERIODIC, ERROR|TIMEOUT|EXPIRED) DECIDE_PERIODIC without on_failure → DELAYED by the
-        interval (a Retry policy plays no part)."""
+        interval."""
         w = World()
-        a = w.env("a", step, step, hooks=False, interval=10, deadline=2, retry=RETRY)
+        a = w.env("a", step, step, hooks=False, interval=10, deadline=2)
         w.q.start()
         w.q.send(a)
         await advance(25)
@@ -458,7 +457,6 @@ class TestBlacklistedRows:
             decisions=iter([envq.retry_now()]),
             type="t",
             interval=interval,
-            retry=None if interval else RETRY,
         )
         culprit = w.env("c", ("sleep", 1, "stop_type"), type="t")
         w.q.start()

@@ -189,6 +189,61 @@ def test_markers_and_option_without_other_plugins(tmp_path: Path) -> None:
     assert "test_sync_marked is marked virtual_time but is not an 'async def'" in proc.stdout
 
 
+def test_the_marker_sets_the_wall_clocks_start(tmp_path: Path) -> None:
+    """``@pytest.mark.virtual_time(wall_start=...)`` (seconds or an aware datetime) and
+    the typed ``envq.pytest_plugin.virtual_time(...)`` start the virtual wall clock
+    there, so a cron job on a given date is an async test; bad arguments fail the
+    test, saying why."""
+    tests = """
+    import datetime as dt
+
+    import envq
+    from envq.pytest_plugin import virtual_time
+    from envq.testing import wall_time
+
+    NEW_YEAR = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+    @pytest.mark.virtual_time(wall_start=NEW_YEAR.timestamp())
+    async def test_seconds():
+        assert wall_time() == NEW_YEAR.timestamp()
+
+
+    @virtual_time(wall_start=NEW_YEAR - dt.timedelta(minutes=1))
+    async def test_typed_with_a_datetime():
+        runs = []
+
+        async def tick(env):
+            runs.append(dt.datetime.fromtimestamp(wall_time(), dt.UTC))
+
+        async with envq.Queue("cron") as q:
+            q.send(envq.Envelope(invoke=tick, schedule=envq.Cron("0 0 1 1 *")))
+            await asyncio.sleep(120)
+        assert runs == [NEW_YEAR]
+
+
+    @pytest.mark.virtual_time
+    class TestClassMarker:
+        @pytest.mark.virtual_time(wall_start=0)
+        async def test_own_marker_wins(self):
+            assert wall_time() == 0
+
+
+    @pytest.mark.virtual_time(wall_start=dt.datetime(2030, 1, 1))
+    async def test_naive():
+        pass
+
+
+    @pytest.mark.virtual_time(wall_begin=0)
+    async def test_unknown():
+        pass
+    """
+    proc = pytester(tmp_path, ALONE, tests)
+    assert counts(proc) == {"passed": 3, "failed": 2}, proc.stdout
+    assert "virtual_time: wall_start must be an aware datetime" in proc.stdout
+    assert "virtual_time has no argument 'wall_begin'" in proc.stdout
+
+
 def test_a_bad_option_value_is_a_usage_error(tmp_path: Path) -> None:
     proc = pytester(tmp_path, ALONE + "envq_virtual_time = some\n", "")
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR

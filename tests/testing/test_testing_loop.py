@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime as dt
 import threading
 import time
 from typing import Any
 
 import pytest
 
+import envq.testing
 from envq.testing import VirtualTimeDeadlock, VirtualTimeLoop, advance, run
 
 
@@ -177,3 +179,38 @@ class TestThreadResultInFlight:
             return took
 
         assert run(main()) == 0.0
+
+
+class TestWallTime:
+    """``envq.testing.wall_time()``: the wall clock a loop gives envq, typed."""
+
+    def test_on_a_virtual_loop_it_follows_virtual_time(self) -> None:
+        async def main() -> tuple[float, float]:
+            start = envq.testing.wall_time()
+            await asyncio.sleep(3600)
+            return start, envq.testing.wall_time()
+
+        start, later = envq.testing.run(main(), wall_start=1_000_000.0)
+        assert (start, later) == (1_000_000.0, 1_003_600.0)
+
+    def test_an_aware_datetime_starts_the_wall_clock(self) -> None:
+        when = dt.datetime(2026, 4, 5, 1, 30, tzinfo=dt.UTC)
+        loop = envq.testing.VirtualTimeLoop(wall_start=when)
+        try:
+            assert envq.testing.wall_time(loop) == when.timestamp()
+        finally:
+            loop.close()
+        with pytest.raises(ValueError, match="wall_start"):
+            envq.testing.VirtualTimeLoop(wall_start=dt.datetime(2026, 4, 5))
+
+    def test_on_any_other_loop_it_is_the_system_clock(self) -> None:
+        async def main() -> float:
+            return envq.testing.wall_time()
+
+        before = time.time()
+        got = asyncio.run(main())
+        assert before <= got <= time.time()
+
+    def test_outside_a_loop_it_needs_one(self) -> None:
+        with pytest.raises(RuntimeError):
+            envq.testing.wall_time()

@@ -47,9 +47,9 @@ def _check_story(out: str) -> None:
     assert "send_wait admitted email/8, email/9" in out
     assert "deduplicated (dedups 0 -> 1" in out
     # StopType blacklists the report type: the waiting report is stopped, sends refused.
-    assert re.search(r"report/1 +RUNNING -> STOPPED +StopType: .+ blacklisted", out)
-    assert re.search(r"report/2 +DELAYED -> STOPPED", out)
-    assert "send(report/3) refused: TypeBlacklisted" in out
+    assert re.search(r"report/21 +RUNNING -> STOPPED +StopType: .+ blacklisted", out)
+    assert re.search(r"report/22 +DELAYED -> STOPPED", out)
+    assert "send(report/23) refused: TypeBlacklisted" in out
     # The mid-run stop parks envelopes and reports them; a send while stopped is refused.
     stop = out.index("* stop report: complete=True")
     parked = re.search(r"parked +\((\d+)\): (.+)", out[stop:])
