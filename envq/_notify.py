@@ -145,18 +145,31 @@ class _Registration:
 
 
 def on_first_signal(
-    loop: asyncio.AbstractEventLoop,
+    bound: asyncio.AbstractEventLoop | None,
+    bind: Callable[[], asyncio.AbstractEventLoop],
     name: str,
     signals: tuple[int, ...],
     stop: Callable[[], Coroutine[Any, Any, object]],
 ) -> Callable[[], None]:
-    """Run ``stop()`` as a task on ``loop`` at the first of ``signals``, giving every
-    one of them back at once; returns the function that gives them back without
-    waiting for one.
+    """Run ``stop()`` as a task on the queue's loop (``bound``, or the running loop
+    ``bind()`` binds the queue to) at the first of ``signals``, giving every one of them
+    back at once; returns the function that gives them back without waiting for one.
 
     Registrations on one loop are chained (:class:`_Hub`): a signal stops every queue
     that registered for it, and goes back to the handling it had before envq took it
-    once no registration wants it (a second Ctrl-C interrupts as it would have)."""
+    once no registration wants it (a second Ctrl-C interrupts as it would have).
+
+    :raises RuntimeError: not called from a coroutine on the queue's loop."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is None or (bound is not None and running is not bound):
+        raise RuntimeError(
+            f"queue {name!r}: stop_on_signals() must be called from a coroutine on the "
+            "queue's event loop"
+        )
+    loop = bind()
     hub = _HUBS.get(loop)
     if hub is None:
         hub = _HUBS[loop] = _Hub(loop)

@@ -581,19 +581,8 @@ class Queue:
             not a signal number).
         :raises RuntimeError: called outside the queue's running loop.
         """
-        where = f"queue {self.name!r}: stop_on_signals() signals"
-        wanted = checked_signals(where, signals)
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        loop = self._loop
-        if running is None or (loop is not None and running is not loop):
-            raise RuntimeError(
-                f"queue {self.name!r}: stop_on_signals() must be called from a coroutine "
-                "on the queue's event loop"
-            )
-        return on_first_signal(self._bound_loop(), self.name, wanted, self.stop)
+        wanted = checked_signals(f"queue {self.name!r}: stop_on_signals() signals", signals)
+        return on_first_signal(self._loop, self._bound_loop, self.name, wanted, self.stop)
 
     async def __aenter__(self) -> Queue:
         self.start()

@@ -24,8 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn, TextIO
 
-from envq.postgres import migrations
 from envq.postgres._edges import check_dsn, redact, unreachable
+from envq.postgres.migrations import check, install, installed, steps
 from envq.postgres.schema import SCHEMA_VERSION
 
 __all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
@@ -104,7 +104,7 @@ def _say(out: TextIO, args: argparse.Namespace, data: dict[str, Any], text: str)
 
 
 async def _install(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
-    found, now = await migrations.install(conn)
+    found, now = await install(conn)
     if found is None:
         text = f"installed envq's schema, version {now}"
     elif found == now:
@@ -115,16 +115,16 @@ async def _install(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
 
 
 async def _migrate(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
-    found = await migrations.installed(conn)
+    found = await installed(conn)
     if found is None:
         raise _Refused("the database has no envq schema: run `python -m envq.postgres install`")
     if args.dry_run:
         try:
-            pending = migrations.steps(found.version)
+            pending = steps(found.version)
         except RuntimeError as error:
             raise _Refused(str(error)) from None
         if found.version > SCHEMA_VERSION:
-            migrations.check(found, "migrate")
+            check(found, "migrate")
         text = f"envq's schema is at version {found.version}: would apply " + (
             ", ".join(f"{v:04d}.sql" for v in pending) if pending else "nothing"
         )
@@ -155,7 +155,7 @@ SELECT q.name, q.state::text AS state, q.capacity, q.blacklist,
 
 
 async def _status(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
-    migrations.check(await migrations.installed(conn), "status")
+    check(await installed(conn), "status")
     rows = await conn.fetch(_STATUS, args.queue)
     if args.queue is not None and not rows:
         raise _Refused(f"no queue named {args.queue!r}")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from envq import _checks
 from envq._errors import CapacityExceeded, QueueNotRunning
 from envq._machine import LIVE_STATES
-from envq.postgres import migrations
+from envq.postgres.migrations import check, installed
 
 if TYPE_CHECKING:
     import asyncpg
@@ -39,6 +39,7 @@ __all__ = [
     "check_room",
     "check_schema",
     "committed",
+    "lost",
     "queue_row",
     "redact",
     "unavailable",
@@ -162,6 +163,23 @@ def check_lease(where: str, lease: object) -> float:
     return seconds
 
 
+def lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """The driver's errors of a session lost or not yet possible: the connection broke,
+    the server is shutting down, restarting or recovering, or the session was
+    terminated (``pg_terminate_backend``), or the driver lost track of a session cut in
+    the middle of a statement (``InternalClientError``). The statement may have
+    committed unheard of: a finish repeated after that is refused by the fence. ``more``:
+    other errors to catch with them."""
+    return (
+        OSError,
+        driver.InterfaceError,
+        driver.PostgresConnectionError,
+        driver.exceptions.OperatorInterventionError,
+        driver.exceptions.InternalClientError,
+        *more,
+    )
+
+
 def unreachable(driver: Any) -> tuple[type[BaseException], ...]:
     """The errors of a database that cannot be reached, or of a DSN the driver cannot
     read (the standard library's URL parser raises ``ValueError``)."""
@@ -223,7 +241,7 @@ def unavailable(name: str, dsn: str, error: BaseException) -> StoreUnavailable:
 async def check_schema(conn: asyncpg.pool.PoolConnectionProxy[Any], name: str) -> None:
     """Refuse a database without envq's schema, or with a schema this envq cannot run
     on (older: migrate it; newer and not compatible: upgrade envq), saying what to do."""
-    migrations.check(await migrations.installed(conn), f"queue {name!r}")
+    check(await installed(conn), f"queue {name!r}")
 
 
 async def queue_row(

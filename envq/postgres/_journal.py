@@ -198,10 +198,10 @@ class Follower:
         seen under ``STRICT`` is raised here."""
         import asyncpg  # noqa: PLC0415
 
-        from envq.postgres._node import _lost  # noqa: PLC0415
+        from envq.postgres._edges import lost  # noqa: PLC0415
 
         self._connected = False
-        gone = _lost(asyncpg, TimeoutError)
+        gone = lost(asyncpg, TimeoutError)
         try:
             if catch_up and self._task is not None and not self._task.done():
                 try:
@@ -238,13 +238,13 @@ class Follower:
     async def _follow(self) -> None:
         import asyncpg  # noqa: PLC0415
 
-        from envq.postgres._node import _lost  # noqa: PLC0415
+        from envq.postgres._edges import lost  # noqa: PLC0415
 
         while True:
             try:
                 await self._start()
                 break
-            except _lost(asyncpg) as error:
+            except lost(asyncpg) as error:
                 log.warning("queue %r: events: cannot read the journal (%s)", self.name, error)
                 await asyncio.sleep(self.poll)
             except Exception:
@@ -259,7 +259,7 @@ class Follower:
             wake.clear()
             try:
                 await self._round()
-            except _lost(asyncpg) as error:
+            except lost(asyncpg) as error:
                 log.warning("queue %r: events: cannot read the journal (%s)", self.name, error)
             except AssertionError:
                 raise  # an illegal move under STRICT: raised by close()

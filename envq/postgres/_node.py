@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import socket
@@ -25,16 +24,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, assert_never
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 
 import attrs
 
 from envq._attempt import Runner, Threads, Worker, expire_limits
 from envq._envelope import Envelope
-from envq._errors import MaxRetriesExceeded
 from envq._machine import (
-    OUTCOMES,
-    Action,
     CancelCause,
     DecisionKind,
     EnvState,
@@ -42,11 +38,11 @@ from envq._machine import (
     Outcome,
     QueueState,
 )
-from envq._schedule import Timing
 from envq._timers import Deadlines
-from envq._values import HookTimeout, Retry, Schedule
+from envq._values import HookTimeout
 from envq.postgres._codec import calendar, decode, fire_wait
-from envq.postgres._edges import MAX_NODE_NAME
+from envq.postgres._edges import MAX_NODE_NAME, lost
+from envq.postgres._ends import Ended, Reaper, decide, report, without_code
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
@@ -114,28 +110,6 @@ SELECT seq, state::text AS state, kind::text AS kind FROM envq.envelopes
  WHERE seq = ANY($1::bigint[]) AND ended_token = ANY($2::uuid[])
 """
 
-#: An expired attempt's row, locked for its reaper; none when another reaper holds it
-#: (SKIP LOCKED) or the attempt ended meanwhile.
-_REAPABLE: Final = """
-SELECT e.*, clock_timestamp() AS reaped_at FROM envq.envelopes AS e
- WHERE seq = $1 AND lease_token = $2 AND state = 'running'
-   AND lease_expires_at <= clock_timestamp()
-   FOR UPDATE SKIP LOCKED
-"""
-
-#: How the reaper tries to end an expired attempt: decided, else as a dropped failure
-#: (whether it is dropped, and what the log says when the try fails).
-_REAP_TRIES: Final = ((False, "it ends as a dropped failure"), (True, "the next round tries again"))
-
-#: A NULL delay: the next run of the row's FIXED_DELAY / FIXED_RATE schedule.
-_EXPIRE: Final = """
-SELECT envq.expire($1, $2, $3::envq.decision_kind,
-                   coalesce(clock_timestamp() + $4::float8 * interval '1 second',
-                            (SELECT envq.next_due(e.schedule, e.interval_s, e.due_at,
-                                                  clock_timestamp())
-                               FROM envq.envelopes AS e WHERE e.seq = $1)), $5)
-"""
-
 #: The calendar envelopes a start arms, with the wait a buffered one had left, and the
 #: database's clock.
 _ARMED_BY_START: Final = f"'{EnvState.BUFFERED.value}', '{EnvState.PARKED.value}'"
@@ -197,15 +171,6 @@ async def _nap(wake: asyncio.Event, seconds: float) -> None:
 #: The result of an attempt's end the node could not commit (the database stayed
 #: away for longer than four leases): another node reaps the attempt.
 _GAVE_UP: Final = "gave up"
-
-
-@attrs.frozen
-class Ended:
-    """An attempt's end as the database committed it: the envelope's state and its row
-    group (``blacklisted``: its type was banned while it ran, and no hook runs)."""
-
-    state: str
-    kind: str
 
 
 class _ClaimGate:
@@ -272,23 +237,6 @@ class _Ending:
 _Cause: TypeAlias = BaseException | None
 
 
-def _lost(driver: Any, *more: type[BaseException]) -> tuple[type[BaseException], ...]:
-    """The driver's errors of a session lost or not yet possible: the connection broke,
-    the server is shutting down, restarting or recovering, or the session was
-    terminated (``pg_terminate_backend``), or the driver lost track of a session cut in
-    the middle of a statement (``InternalClientError``). The statement may have
-    committed unheard of: a finish repeated after that is refused by the fence. ``more``:
-    other errors to catch with them."""
-    return (
-        OSError,
-        driver.InterfaceError,
-        driver.PostgresConnectionError,
-        driver.exceptions.OperatorInterventionError,
-        driver.exceptions.InternalClientError,
-        *more,
-    )
-
-
 def _node_name() -> str:
     """``<host>-<pid>-<random>``, the host's name cut so that the whole fits
     ``application_name`` (:data:`envq.postgres._edges.MAX_NODE_NAME`)."""
@@ -296,86 +244,6 @@ def _node_name() -> str:
     host = socket.gethostname().encode("ascii", "replace").decode()
     host = "".join(c if c.isprintable() and not c.isspace() else "-" for c in host) or "node"
     return host[: MAX_NODE_NAME - len(rest)] + rest
-
-
-def without_code(
-    queue: str,
-    node: str,
-    row: Row,
-    outcome: Outcome,
-    error: Exception,
-    started: float,
-    started_db: float | None,
-) -> tuple[DecisionKind | None, float | None, int | None]:
-    """The end of an attempt of an envelope whose code this node cannot import (a
-    node of an older deploy): a failed attempt, decided from the row's data alone.
-    A one-off envelope is retried under its ``Retry`` policy (so that a node with
-    the code may run it), and fails once the policy allows no more attempts; a
-    periodic one runs again on its schedule. Its ``on_failure`` hook is not called
-    (this node cannot import it either). Logged at WARNING."""
-    kind = Kind(row["kind"])
-    attempt = int(row["attempt"])
-    what = f"queue {queue!r}: envelope {row['seq']} cannot run on node {node!r} ({error})"
-    match OUTCOMES[(kind, outcome)].action:
-        case Action.DECIDE:
-            try:
-                retry = None if row["retry"] is None else Retry(**json.loads(row["retry"]))
-            except (TypeError, ValueError):
-                retry = None
-            if retry is not None and retry.allows(attempt):
-                delay = retry.delay(attempt)
-                log.warning(
-                    "%s: attempt %d failed; retried in %.3g s under its retry policy",
-                    what,
-                    attempt,
-                    delay,
-                )
-                return DecisionKind.RETRY_AFTER, delay, None
-            log.warning("%s: attempt %d failed, and its retry policy allows no more", what, attempt)
-            return DecisionKind.DROP, 0.0, None
-        case Action.DECIDE_PERIODIC:
-            failures = int(row["failures"]) + 1
-            try:
-                timing: Timing = (
-                    Schedule(row["schedule"])
-                    if row["cron"] is None
-                    else calendar(row["cron"], row["cron_tz"])
-                )
-                interval = float(row["interval_s"])
-                wait = next_run(timing, interval, row, started, started_db)
-            except Exception as bad:  # its calendar cannot be read here either
-                log.warning("%s: this run failed, and no next run can be found (%s)", what, bad)
-                return DecisionKind.DROP, 0.0, failures
-            log.warning("%s: this run failed; the next runs as scheduled", what)
-            return None, wait, failures
-        case _:
-            log.warning("%s: its attempt ends as the tables say for %s", what, outcome.value)
-            return None, 0.0, None
-
-
-def next_run(
-    timing: Timing, interval: float, row: Row, started: float, started_db: float | None
-) -> float | None:
-    """Seconds from now to a periodic envelope's next run; None for FIXED_DELAY and
-    FIXED_RATE, whose next run the database computes from the row (the grid from
-    its scheduled start, whatever node ran it and however late it was claimed).
-
-    A calendar's next run is its first fire after the attempt ended and after the
-    fire this run was due at, so no fire runs twice. "Now" is the database's clock:
-    its time ``started_db`` (None: the claim's, the row's ``updated_at``) when this
-    node's monotonic clock read ``started``, plus the time since, so this node's
-    wall clock plays no part.
-    """
-    schedule = timing
-    if isinstance(schedule, Schedule):
-        return None
-    if started_db is None:
-        started_db = row["updated_at"].timestamp()
-    now = started_db + (time.monotonic() - started)
-    due = row["due_at"]
-    previous = now if due is None else due.timestamp()
-    fire = schedule.next_run(interval, previous, previous, now, 0.0)
-    return fire_wait(fire, now)
 
 
 async def end_each(
@@ -393,7 +261,7 @@ async def end_each(
         try:
             found += await end([e], 0)
             continue
-        except _lost(asyncpg):
+        except lost(asyncpg):
             again.append(e)
             continue
         except asyncpg.PostgresError as error:
@@ -417,7 +285,7 @@ async def end_each(
         )
         try:
             found += await end([dropped], 0)
-        except _lost(asyncpg):
+        except lost(asyncpg):
             again.append(e)
         except asyncpg.PostgresError as error:
             log.error(
@@ -504,6 +372,14 @@ class Node:
             self._deadlines,
             self._abandoned,
         )
+        self._reaper_of = Reaper(
+            host.name,
+            node,
+            self._runner,
+            lambda: self._epoch,
+            self.counts_local,
+            self._wake.set,
+        )
 
     @property
     def stuck_threads(self) -> int:
@@ -540,7 +416,7 @@ class Node:
         self._runner.bind(loop)
         self._deadlines.bind(loop)
         async with self._host._session() as conn:
-            await self._reap(conn)
+            await self._reaper_of.reap(conn)
 
     async def serve(self) -> None:
         self.serving = True
@@ -571,7 +447,7 @@ class Node:
                 self._host._dsn, server_settings=self._host._session_settings()
             )
             await listener.add_listener(CHANNEL, self._notified)
-        except _lost(asyncpg, asyncpg.PostgresError):
+        except lost(asyncpg, asyncpg.PostgresError):
             if listener is not None:
                 listener.terminate()
             return
@@ -610,11 +486,11 @@ class Node:
                             free,
                             self.lease,
                         )
-                    except _lost(asyncpg):
+                    except lost(asyncpg):
                         self._orphans = True  # it may have committed unheard
                         raise
                 backoff = 0.05
-            except _lost(asyncpg, asyncpg.PostgresError) as error:
+            except lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: claim failed (%s); retrying", self.name, error)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.poll)
@@ -648,7 +524,7 @@ class Node:
                         await self._adopt(conn)
             except asyncio.CancelledError:
                 raise
-            except _lost(asyncpg, asyncpg.PostgresError) as error:
+            except lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: renewing leases failed (%s)", self.name, error)
             except Exception:
                 log.exception("queue %r: renewing leases failed", self.name)
@@ -693,7 +569,7 @@ class Node:
                     await self._follow(conn)
             except asyncio.CancelledError:
                 raise
-            except _lost(asyncpg, asyncpg.PostgresError) as error:
+            except lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: keeper round failed (%s)", self.name, error)
             except Exception:
                 log.exception("queue %r: keeper round failed", self.name)
@@ -710,10 +586,10 @@ class Node:
         while True:
             try:
                 async with self._host._session() as conn:
-                    await self._reap(conn)
+                    await self._reaper_of.reap(conn)
             except asyncio.CancelledError:
                 raise
-            except _lost(asyncpg, asyncpg.PostgresError) as error:
+            except lost(asyncpg, asyncpg.PostgresError) as error:
                 log.warning("queue %r: reaping failed (%s)", self.name, error)
             except Exception:
                 log.exception("queue %r: reaping failed", self.name)
@@ -761,105 +637,6 @@ class Node:
         if state is QueueState.STOPPING:
             await self._host._try_drained()
 
-    async def _reap(self, conn: _Conn) -> None:
-        import asyncpg  # noqa: PLC0415
-
-        rows = await conn.fetch(
-            "SELECT seq, lease_token FROM envq.envelopes WHERE queue = $1"
-            " AND state = 'running' AND lease_expires_at <= clock_timestamp()"
-            " ORDER BY seq LIMIT 100",
-            self.name,
-        )
-        for row in rows:
-            # One bad row (a next run the database cannot compute) must not keep the
-            # rows after it from being reaped, nor the keeper from its round: it ends
-            # as a dropped failure, else the next round tries again.
-            for dropped, then in _REAP_TRIES:
-                try:
-                    await self._reap_one(conn, row["seq"], row["lease_token"], dropped=dropped)
-                    break
-                except _lost(asyncpg):
-                    raise
-                except Exception as error:
-                    log.error(
-                        "queue %r: could not reap envelope %s (%s); %s",
-                        self.name,
-                        row["seq"],
-                        error,
-                        then,
-                    )
-
-    async def _reap_one(
-        self, conn: _Conn, seq: int, token: object, *, dropped: bool = False
-    ) -> None:
-        """End one expired attempt: decided (``on_failure`` called) by the one reaper
-        that holds its row, so that two nodes reaping at once do not both decide.
-        ``dropped``: end it as a dropped failure, without deciding (its decided end
-        could not be written)."""
-        async with conn.transaction():
-            row = await conn.fetchrow(_REAPABLE, seq, token)
-            if row is None:  # another reaper holds it, or it ended meanwhile
-                return
-            started = time.monotonic()
-            delay: float | None
-            decision: str | None
-            if dropped:
-                decision, delay, failures = DecisionKind.DROP.value, 0.0, None
-                ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
-                self._reaped(seq, row, ended)
-                return
-            try:
-                env = decode(row)
-            except Exception as error:  # its code is missing on this node
-                kind_, delay, failures = without_code(
-                    self.name,
-                    self.node,
-                    row,
-                    Outcome.EXPIRED,
-                    error,
-                    started,
-                    row["reaped_at"].timestamp(),
-                )
-                decision = None if kind_ is None else kind_.value
-            else:
-                w = Worker(self._epoch)
-                w.task = asyncio.current_task()
-                cause = TimeoutError(
-                    f"queue {self.name!r}: the lease of attempt {row['attempt']} of "
-                    f"{env.label()} (node {row['lease_owner']!r}) expired"
-                )
-                locked = Kind(row["kind"])
-
-                async def hold() -> Kind | None:
-                    return locked  # this reaper holds the row locked: the lease is its
-
-                decided = await self._decide(
-                    w,
-                    env,
-                    row,
-                    Outcome.EXPIRED,
-                    cause,
-                    (started, row["reaped_at"].timestamp()),
-                    hold,
-                )
-                assert decided is not None  # the hold above always holds
-                kind, delay, failures = decided
-                decision = None if kind is None else kind.value
-            ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
-        self._reaped(seq, row, ended)
-
-    def _reaped(self, seq: int, row: Row, ended: str | None) -> None:
-        if ended is not None:
-            self.counts_local["reaped"] += 1
-            log.info(
-                "queue %r: reaped envelope %s (lease of node %r expired): %s",
-                self.name,
-                seq,
-                row["lease_owner"],
-                ended,
-            )
-            self._wake.set()
-
     # -- one attempt ---------------------------------------------------------------------
 
     async def _run(self, flight: _Flight) -> None:
@@ -895,7 +672,8 @@ class Node:
                 )
                 await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
                 return
-            decided = await self._decide(
+            decided = await decide(
+                self._runner,
                 w,
                 env,
                 row,
@@ -913,7 +691,7 @@ class Node:
                 return
             ended = await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
             if ended is not None:
-                await self._report(w, env, row, outcome, cause, ended)
+                await report(self._runner, self.name, w, env, row, outcome, cause, ended)
         finally:
             self._free(flight)
             # The end may have been committed with a claim of the same envelope (a retry
@@ -1001,7 +779,7 @@ class Node:
                     how_many = len(rest) if self.serving else 0
                     if rest:
                         found += await self._end(rest, how_many)
-                except _lost(asyncpg) as err:
+                except lost(asyncpg) as err:
                     # Lost the database: try again while the leases may still hold.
                     unheard = True
                     for r in found:  # read back before the loss
@@ -1070,7 +848,7 @@ class Node:
                         self.lease,
                     )
                 )
-            except _lost(asyncpg):
+            except lost(asyncpg):
                 if how_many:
                     self._orphans = True  # its claims may have committed unheard
                 raise
@@ -1087,95 +865,9 @@ class Node:
         try:
             async with self._host._session() as conn:
                 found = await conn.fetchval(_HOLD, flight.row["seq"], flight.token, span)
-        except _lost(asyncpg):
+        except lost(asyncpg):
             return None
         return None if found is None else Kind(found)
-
-    async def _decide(
-        self,
-        w: Worker,
-        env: Envelope,
-        row: Row,
-        outcome: Outcome,
-        cause: _Cause,
-        clock: tuple[float, float | None],
-        hold: Callable[[], Awaitable[Kind | None]],
-    ) -> tuple[DecisionKind | None, float | None, int | None] | None:
-        """The row of the outcome table for this attempt, decided as far as a node
-        decides before its end commits: the failure decision (``on_failure``, run only
-        once ``hold()`` says the lease holds, else the retry policy) and the delay before
-        the next run (the target itself is the database's to compute). ``(decision,
-        delay, failures)``, or None when the lease lapsed before ``on_failure`` could
-        run. ``clock``: this node's monotonic clock when the database's read the second
-        (None: the claim's, the row's ``updated_at``)."""
-        kind = Kind(row["kind"])
-        action = OUTCOMES[(kind, outcome)].action
-        attempt = int(row["attempt"])
-        started, started_db = clock
-        match action:
-            case Action.SUCCEED:
-                return None, 0.0, None
-            case Action.RESCHEDULE:
-                return None, next_run(env.schedule, env.interval, row, started, started_db), 0
-            case Action.DECIDE | Action.DECIDE_PERIODIC:
-                periodic = action is Action.DECIDE_PERIODIC
-                failures = int(row["failures"]) + 1 if periodic else None
-                if env.on_failure is not None:
-                    held = await hold()
-                    if held is None:
-                        return None
-                    if held is Kind.BLACKLISTED:  # banned meanwhile: no hook, it ends
-                        return None, 0.0, failures
-                    decision = await self._runner.on_failure(
-                        w, env, cause, failures if failures is not None else attempt
-                    )
-                    return decision.kind, decision.delay, failures
-                if periodic:
-                    wait = next_run(env.schedule, env.interval, row, started, started_db)
-                    return None, wait, failures
-                retry = env.retry
-                if retry is not None and retry.allows(attempt):
-                    return DecisionKind.RETRY_AFTER, retry.delay(attempt), None
-                return None, 0.0, None
-            case Action.REPORT_FAILURE | Action.END | Action.SHELVE | Action.BLACKLIST:
-                return None, 0.0, None
-            case _:
-                assert_never(action)
-
-    async def _report(
-        self, w: Worker, env: Envelope, row: Row, outcome: Outcome, cause: _Cause, ended: Ended
-    ) -> None:
-        """After an end committed: the hooks and log lines that report it, at most once
-        per committed end (never for one the database refused). An envelope whose type
-        was banned while it ran ends with no hook."""
-        kind = Kind(ended.kind)
-        if kind is Kind.BLACKLISTED:
-            return
-        action = OUTCOMES[(kind, outcome)].action
-        match action:
-            case Action.SUCCEED | Action.RESCHEDULE:
-                await self._runner.on_success(w, env)
-            case Action.REPORT_FAILURE:
-                if env.on_failure is not None:
-                    # A periodic envelope counts its failures in a row, as in one process.
-                    periodic = kind is Kind.PERIODIC
-                    number = int(row["failures"]) + 1 if periodic else int(row["attempt"])
-                    await self._runner.on_failure(w, env, cause, number)
-            case Action.DECIDE:
-                retry = env.retry
-                attempt = int(row["attempt"])
-                if env.on_failure is None and retry is not None and not retry.allows(attempt):
-                    log.info(
-                        "queue %r: %s",
-                        self.name,
-                        MaxRetriesExceeded(
-                            f"{env.label()} failed {attempt} of {retry.attempts} attempts"
-                        ),
-                    )
-            case Action.DECIDE_PERIODIC | Action.END | Action.SHELVE | Action.BLACKLIST:
-                pass
-            case _:
-                assert_never(action)
 
     # -- time limits and cancels ---------------------------------------------------------
 
@@ -1250,7 +942,7 @@ async def end_banning(node: Node, row: Row, type_: str, claimed_at: float) -> No
                     raise
                 await (transaction.rollback() if ended is None else transaction.commit())
             break
-        except _lost(asyncpg) as err:
+        except lost(asyncpg) as err:
             if time.monotonic() > claimed_at + node.lease * 4:
                 log.error("queue %r: could not end an attempt (%s)", node.name, err)
                 return

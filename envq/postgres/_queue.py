@@ -67,7 +67,6 @@ from envq._machine import (
     StopMode,
 )
 from envq._values import HookTimeout, Rejection, Statistics
-from envq.postgres import migrations
 from envq.postgres._codec import Encoded, decode, encode, first_wait
 from envq.postgres._edges import (
     AdmissionUnknown,
@@ -81,13 +80,15 @@ from envq.postgres._edges import (
     check_room,
     check_schema,
     committed,
+    lost,
     queue_row,
     unavailable,
     unreachable,
 )
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
-from envq.postgres._node import CHANNEL, Node, _lost, _node_name, _returned, arm_calendars
+from envq.postgres._node import CHANNEL, Node, _node_name, _returned, arm_calendars
+from envq.postgres.migrations import install as install_schema
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
@@ -255,7 +256,7 @@ class PgQueue:
 
         conn = await self._connect(asyncpg)
         try:
-            found, now = await migrations.install(conn)
+            found, now = await install_schema(conn)
         finally:
             await conn.close()
         if found is not None and found != now:
@@ -292,7 +293,7 @@ class PgQueue:
                 self.capacity = await queue_row(conn, self.name, self._asked_capacity)
         except BaseException as error:
             pool.terminate()
-            if isinstance(error, _lost(asyncpg)):
+            if isinstance(error, lost(asyncpg)):
                 raise unavailable(self.name, self._dsn, error) from None
             raise
         self._pool = pool
@@ -315,7 +316,7 @@ class PgQueue:
         async with self._db().acquire() as conn:
             try:
                 yield conn
-            except _lost(asyncpg):
+            except lost(asyncpg):
                 # (One the driver saw close has gone back to the pool already.)
                 with contextlib.suppress(asyncpg.InterfaceError):
                     conn.terminate()
@@ -625,13 +626,13 @@ class PgQueue:
             reason = next(r for cls, r in _REJECTIONS.items() if isinstance(error, cls))
             self._rejections[reason] = self._rejections.get(reason, 0) + 1
             raise
-        except _lost(asyncpg) as error:
+        except lost(asyncpg) as error:
             raise StoreUnavailable(
                 f"{label}: the connection was lost; nothing was admitted ({type(error).__name__})"
             ) from None
         except CommitUnheard as unheard:
             # The server may have committed before the connection went: ask it.
-            done = await committed(self._session, unheard.xid, _lost(asyncpg))
+            done = await committed(self._session, unheard.xid, lost(asyncpg))
             if done is None:
                 raise AdmissionUnknown(
                     f"{label}: the connection was lost as the batch committed, and the"
@@ -655,7 +656,7 @@ class PgQueue:
         try:
             async with self._session() as conn, conn.transaction():
                 admitted, xid, self.capacity = await _admit(conn, self.name, rows)
-        except _lost(asyncpg):
+        except lost(asyncpg):
             if admitted < 0:
                 raise  # lost before COMMIT: the server rolls the transaction back
             raise CommitUnheard(xid, admitted) from None
