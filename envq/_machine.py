@@ -10,7 +10,8 @@ envq has two state machines:
   ``ABANDON`` (a worker task was cancelled by someone other than envq);
 * the **envelope machine** (:class:`EnvState`), one instance per envelope per stay in a
   queue, driven by queue-side events (send, start, due, dispatch, stop, terminate,
-  blacklist) and, from RUNNING, by the :class:`Outcome` of the attempt.
+  blacklist), by an operator's moves (retry, cancel, discard) and, from RUNNING, by
+  the :class:`Outcome` of the attempt.
 
 This module is the only place that says which move follows which event, guards
 included; nothing else writes a state it did not look up here (a test walks the source
@@ -30,7 +31,8 @@ attempt. Where a move depends on more than the pair, the choice is a table too:
 * ``ARMED`` — the targets of the START rows: READY, or DELAYED when the envelope must
   wait (``delay``, ``not_before``, time left when parked);
 * ``KIND_OF`` and ``RELABEL`` — the row group of an envelope's attempts: by whether it
-  is periodic, and once its type is blacklisted while it runs;
+  is periodic, and once its type is blacklisted, or an operator cancels it, while it
+  runs;
 * ``TYPELESS`` — the outcome an envelope without a ``type`` gets instead (its
   ``StopType`` acts as ``StopEnvelope``);
 * ``INITIAL``, ``INITIAL_QUEUE``, ``FAULT_TARGET`` — where an envelope and a queue
@@ -92,6 +94,7 @@ __all__ = [
     "LIFECYCLE",
     "LIMITED",
     "LIVE_STATES",
+    "OPERATOR_EVENTS",
     "OUTCOMES",
     "PARK_INSTEAD",
     "QUEUE_MOVES",
@@ -209,16 +212,25 @@ class Kind(_Enum):
     """The row group of the outcome table an envelope's attempt is looked up in.
 
     ``BLACKLISTED`` is the group of an envelope whose ``type`` was blacklisted while
-    its attempt was in flight: whatever the outcome, it ends STOPPED, no hooks.
+    its attempt was in flight, ``CANCELLED`` of one an operator cancelled while its
+    attempt was in flight: whatever the outcome, it ends STOPPED, no hooks.
     """
 
     ONE_OFF = "one_off"
     PERIODIC = "periodic"
     BLACKLISTED = "blacklisted"
+    CANCELLED = "cancelled"
 
 
 class EnvEvent(_Enum):
-    """Queue-side events of the envelope machine (the outcomes are the others)."""
+    """Queue-side events of the envelope machine (the outcomes are the others).
+
+    The last three are an operator's moves: ``RETRY`` sends an envelope that ended
+    FAILED or STOPPED back into the queue (keeping its story: its attempts, its last
+    error); ``CANCEL`` ends a live envelope STOPPED (one whose attempt is in flight is
+    asked to stop, and ends STOPPED whatever the attempt's outcome); ``DISCARD``
+    removes an ended envelope from the queue's keeping (back to ``NEW``: not in the
+    queue)."""
 
     SEND = "send"
     START = "start"
@@ -227,6 +239,9 @@ class EnvEvent(_Enum):
     STOP = "stop"
     TERMINATE = "terminate"
     BLACKLIST = "blacklist"
+    RETRY = "retry"
+    CANCEL = "cancel"
+    DISCARD = "discard"
 
 
 class CancelCause(_Enum):
@@ -475,6 +490,7 @@ OUTCOMES: Final[Mapping[tuple[Kind, Outcome], OutcomeRow]] = {
         },
     ),
     **_rows(Kind.BLACKLISTED, {outcome: OutcomeRow(_A.END, _E.STOPPED) for outcome in _O}),
+    **_rows(Kind.CANCELLED, {outcome: OutcomeRow(_A.END, _E.STOPPED) for outcome in _O}),
 }
 
 #: Where an armed envelope goes: READY, or DELAYED when it must wait first (the
@@ -494,8 +510,11 @@ TAKES_BACK: Final[frozenset[QueueState]] = frozenset({QueueState.RUNNING})
 KIND_OF: Final[Mapping[bool, Kind]] = MappingProxyType({False: Kind.ONE_OFF, True: Kind.PERIODIC})
 
 #: A RUNNING envelope hit by a queue-side event keeps running; its attempt's end is then
-#: looked up in this row group instead (a blacklisted type ends STOPPED, no hooks).
-RELABEL: Final[Mapping[EnvEvent, Kind]] = MappingProxyType({EnvEvent.BLACKLIST: Kind.BLACKLISTED})
+#: looked up in this row group instead (a blacklisted type, an operator's cancel: it
+#: ends STOPPED, no hooks). A cancel also asks the attempt to stop.
+RELABEL: Final[Mapping[EnvEvent, Kind]] = MappingProxyType(
+    {EnvEvent.BLACKLIST: Kind.BLACKLISTED, EnvEvent.CANCEL: Kind.CANCELLED}
+)
 
 #: The state an envelope enters the queue from (reset at each admission).
 INITIAL: Final[EnvState] = _E.NEW
@@ -570,7 +589,33 @@ QUEUE_MOVES: Final[Mapping[tuple[EnvState, EnvEvent], MoveRow]] = {
         (state, _EV.BLACKLIST): _one(_E.STOPPED)
         for state in (_E.BUFFERED, _E.READY, _E.DELAYED, _E.PARKED)
     },
+    # An operator's moves. A retried envelope is taken as a sent one is (buffered
+    # before the first start), and never waits: it ran before.
+    **{
+        (state, _EV.RETRY): MoveRow(
+            Guard.ARRIVAL,
+            MappingProxyType(
+                {Arrival.BUFFER: _E.BUFFERED, Arrival.NOW: _E.READY, Arrival.LATER: _E.READY}
+            ),
+        )
+        for state in (_E.FAILED, _E.STOPPED)
+    },
+    **{
+        (state, _EV.CANCEL): _one(_E.STOPPED)
+        for state in (_E.BUFFERED, _E.READY, _E.DELAYED, _E.PARKED)
+    },
+    # A RETURNED envelope is the user's again (handed back by ``terminate()``): no
+    # queue keeps it to discard.
+    **{(state, _EV.DISCARD): _one(_E.NEW) for state in (_E.SUCCEEDED, _E.FAILED, _E.STOPPED)},
 }
+
+
+#: The events only an operator causes (``retry``, ``cancel``, ``discard``): the only
+#: ones that leave a terminal state, and ``DISCARD`` the only one that leads back to
+#: ``NEW`` (out of the queue's keeping).
+OPERATOR_EVENTS: Final[frozenset[EnvEvent]] = frozenset(
+    {EnvEvent.RETRY, EnvEvent.CANCEL, EnvEvent.DISCARD}
+)
 
 
 def queue_move(state: EnvState, event: EnvEvent, value: object = None) -> EnvState | None:

@@ -37,6 +37,9 @@ CREATE TYPE envq.envelope_event AS ENUM (
     'stop',
     'terminate',
     'blacklist',
+    'retry',
+    'cancel',
+    'discard',
     'attempt_ok',
     'attempt_error',
     'attempt_timeout',
@@ -51,7 +54,8 @@ COMMENT ON TYPE envq.envelope_event IS 'EnvEvent values, then each Outcome as at
 CREATE TYPE envq.envelope_kind AS ENUM (
     'one_off',
     'periodic',
-    'blacklisted'
+    'blacklisted',
+    'cancelled'
 );
 COMMENT ON TYPE envq.envelope_kind IS 'The row groups of the outcome table.';
 
@@ -122,6 +126,8 @@ BEGIN
     THEN 'returned'::envq.envelope_state
     WHEN state = 'buffered' AND event = 'blacklist'
     THEN 'stopped'::envq.envelope_state
+    WHEN state = 'buffered' AND event = 'cancel'
+    THEN 'stopped'::envq.envelope_state
     WHEN state = 'ready' AND event = 'dispatch'
     THEN 'running'::envq.envelope_state
     WHEN state = 'ready' AND event = 'stop'
@@ -131,11 +137,15 @@ BEGIN
         END
     WHEN state = 'ready' AND event = 'blacklist'
     THEN 'stopped'::envq.envelope_state
+    WHEN state = 'ready' AND event = 'cancel'
+    THEN 'stopped'::envq.envelope_state
     WHEN state = 'delayed' AND event = 'due'
     THEN 'ready'::envq.envelope_state
     WHEN state = 'delayed' AND event = 'stop'
     THEN 'parked'::envq.envelope_state
     WHEN state = 'delayed' AND event = 'blacklist'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'delayed' AND event = 'cancel'
     THEN 'stopped'::envq.envelope_state
     WHEN state = 'running' AND event = 'attempt_ok'
     THEN CASE
@@ -144,7 +154,7 @@ BEGIN
                 WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN 'parked'::envq.envelope_state
                 WHEN queue = 'running' THEN 'delayed'::envq.envelope_state
             END
-            WHEN kind = 'blacklisted' THEN 'stopped'::envq.envelope_state
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
         END
     WHEN state = 'running' AND event = 'attempt_error'
     THEN CASE
@@ -176,7 +186,7 @@ BEGIN
                     END
                 END
             END
-            WHEN kind = 'blacklisted' THEN 'stopped'::envq.envelope_state
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
         END
     WHEN state = 'running' AND event = 'attempt_timeout'
     THEN CASE
@@ -208,7 +218,7 @@ BEGIN
                     END
                 END
             END
-            WHEN kind = 'blacklisted' THEN 'stopped'::envq.envelope_state
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
         END
     WHEN state = 'running' AND event = 'attempt_stop'
     THEN 'stopped'::envq.envelope_state
@@ -217,7 +227,7 @@ BEGIN
     WHEN state = 'running' AND event = 'attempt_no_retry'
     THEN CASE
             WHEN kind IN ('one_off', 'periodic') THEN 'failed'::envq.envelope_state
-            WHEN kind = 'blacklisted' THEN 'stopped'::envq.envelope_state
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
         END
     WHEN state = 'running' AND event = 'attempt_cancelled'
     THEN CASE
@@ -226,7 +236,7 @@ BEGIN
                 WHEN cause = 'stop' THEN 'parked'::envq.envelope_state
                 WHEN cause = 'terminate' THEN 'returned'::envq.envelope_state
             END
-            WHEN kind = 'blacklisted' THEN 'stopped'::envq.envelope_state
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
         END
     WHEN state = 'running' AND event = 'attempt_expired'
     THEN CASE
@@ -258,7 +268,7 @@ BEGIN
                     END
                 END
             END
-            WHEN kind = 'blacklisted' THEN 'stopped'::envq.envelope_state
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
         END
     WHEN state = 'parked' AND event = 'start'
     THEN CASE
@@ -269,6 +279,18 @@ BEGIN
     THEN 'returned'::envq.envelope_state
     WHEN state = 'parked' AND event = 'blacklist'
     THEN 'stopped'::envq.envelope_state
+    WHEN state = 'parked' AND event = 'cancel'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'failed' AND event = 'retry'
+    THEN CASE
+            WHEN queue = 'init' THEN 'buffered'::envq.envelope_state
+            WHEN queue IN ('running', 'stopping', 'stopped', 'terminated') THEN 'ready'::envq.envelope_state
+        END
+    WHEN state = 'stopped' AND event = 'retry'
+    THEN CASE
+            WHEN queue = 'init' THEN 'buffered'::envq.envelope_state
+            WHEN queue IN ('running', 'stopping', 'stopped', 'terminated') THEN 'ready'::envq.envelope_state
+        END
   END;
 END
 $$;
@@ -525,6 +547,35 @@ COMMENT ON FUNCTION envq.envelopes_check() IS
     'Refuses any envelope row whose change of state the tables of envq._machine do not allow.';
 CREATE TRIGGER envelopes_check BEFORE INSERT OR UPDATE ON envq.envelopes
     FOR EACH ROW EXECUTE FUNCTION envq.envelopes_check();
+
+CREATE FUNCTION envq.envelopes_discard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    journal_on boolean;
+BEGIN
+    -- A handed-back row leaves with its envelope (terminate()); an ended one is
+    -- discarded (the tables' discard); a live one never leaves.
+    IF OLD.state = 'returned' THEN
+        RETURN OLD;
+    END IF;
+    IF OLD.state NOT IN ('succeeded', 'failed', 'stopped') THEN
+        RAISE EXCEPTION USING ERRCODE = 'EQ001',
+            MESSAGE = format('envq: envelope %s of queue %L is %s: only an ended envelope '
+                             'can be discarded (cancel it first)', OLD.seq, OLD.queue,
+                             OLD.state);
+    END IF;
+    SELECT q.journal INTO journal_on FROM envq.queues AS q WHERE q.name = OLD.queue;
+    IF journal_on THEN
+        INSERT INTO envq.journal (queue, seq, from_state, to_state, event)
+        VALUES (OLD.queue, OLD.seq, OLD.state::text, 'new', 'discard');
+    END IF;
+    RETURN OLD;
+END
+$$;
+COMMENT ON FUNCTION envq.envelopes_discard() IS
+    'Refuses deleting an envelope row the tables do not discard (a live one).';
+CREATE TRIGGER envelopes_discard BEFORE DELETE ON envq.envelopes
+    FOR EACH ROW EXECUTE FUNCTION envq.envelopes_discard();
 
 CREATE FUNCTION envq.queues_check() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -48,6 +48,7 @@ from envq._machine import (
     ENVELOPE_MOVES,
     LIFECYCLE,
     LIVE_STATES,
+    OPERATOR_EVENTS,
     STOP_PARKS,
     TERMINAL_STATES,
     CancelCause,
@@ -358,11 +359,15 @@ def expected_outcome(
 def infer_event(frm: EnvState, to: EnvState) -> EnvEvent | None:
     """The queue-side event behind an envelope move that carries no outcome: the one
     :class:`EnvEvent` whose ``ENVELOPE_MOVES`` row leads ``frm`` to ``to`` (None: no
-    queue-side event makes that move)."""
+    queue-side event makes that move). An operator's move (``OPERATOR_EVENTS``) is not
+    among them: the protocol has no command that makes one."""
     events = [
         event
         for (state, event), targets in ENVELOPE_MOVES.items()
-        if state is frm and isinstance(event, EnvEvent) and to in targets
+        if state is frm
+        and isinstance(event, EnvEvent)
+        and event not in OPERATOR_EVENTS
+        and to in targets
     ]
     if len(events) > 1:
         raise AssertionError(f"ENVELOPE_MOVES: {frm} -> {to} by more than one event {events}")

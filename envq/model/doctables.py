@@ -310,6 +310,7 @@ GUIDE_KINDS: Final[Mapping[str, str]] = {
     "ONE_OFF": "one-off",
     "PERIODIC": "periodic",
     "BLACKLISTED": "type blacklisted during the attempt",
+    "CANCELLED": "cancelled by an operator during the attempt",
 }
 
 

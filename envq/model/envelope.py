@@ -1,7 +1,10 @@
 """The envelope state machine as a python-statemachine model, with the outcome table.
 
 One instance is one envelope's stay in one queue. ``NEW`` is the pseudo-state "not in
-the queue yet"; SUCCEEDED, FAILED, STOPPED and RETURNED are final. The model is
+the queue yet"; SUCCEEDED, FAILED, STOPPED and RETURNED are terminal: no event of the
+queue or of an attempt leaves them, only an operator's (so python-statemachine's
+``final`` is not declared for the first three, which an operator may retry or discard:
+a final state may have no transition out). The model is
 written from the contract, not generated from ``envq._machine``;
 ``tests/model/test_models.py`` proves it equal to ``ENVELOPE_MOVES`` (every state × event)
 and to the outcome table ``OUTCOMES`` (every kind × outcome).
@@ -13,6 +16,11 @@ Events:
   worker takes it), ``stop`` (the stop under way parks it: READY under
   ``StopMode.STOP``, DELAYED under any mode), ``terminate`` (``terminate()`` hands it
   back), ``blacklist`` (its ``type`` was blacklisted by a ``StopType``);
+* an operator's moves: ``retry`` (an envelope that ended FAILED or STOPPED is sent
+  back: as a sent one, buffered before the first start, and it never waits), ``cancel``
+  (a live envelope not running ends STOPPED; a running one is relabelled, see the
+  ``CANCELLED`` row group), ``discard`` (an ended envelope leaves the queue's keeping:
+  back to NEW);
 * ``attempt_<outcome>``: the attempt in flight ended with that :class:`Outcome`
   (the outcome table, one row group per :class:`Kind`).
 
@@ -57,11 +65,7 @@ Context = Situation
 class EnvelopeModel(StateMachine):
     """One envelope's states inside one queue, and the outcome table."""
 
-    s = States.from_enum(
-        EnvState,
-        initial=EnvState.NEW,
-        final={EnvState.SUCCEEDED, EnvState.FAILED, EnvState.STOPPED, EnvState.RETURNED},
-    )
+    s = States.from_enum(EnvState, initial=EnvState.NEW, final={EnvState.RETURNED})
 
     # -- queue-side events (§3, §4) ----------------------------------------------------
 
@@ -96,6 +100,28 @@ class EnvelopeModel(StateMachine):
         | s.DELAYED.to(s.STOPPED)
         | s.PARKED.to(s.STOPPED)
     )
+
+    # -- an operator's moves (§14) -----------------------------------------------------
+
+    #: Send an envelope that ended FAILED or STOPPED back: buffered before the first
+    #: start, else READY (it ran before: it does not wait again).
+    retry = (
+        s.FAILED.to(s.BUFFERED, cond="before_start")
+        | s.FAILED.to(s.READY, unless="before_start")
+        | s.STOPPED.to(s.BUFFERED, cond="before_start")
+        | s.STOPPED.to(s.READY, unless="before_start")
+    )
+    #: Cancel a live envelope: one not running ends STOPPED at once (a running one is
+    #: relabelled CANCELLED: its attempt ends STOPPED whatever its outcome).
+    cancel = (
+        s.BUFFERED.to(s.STOPPED)
+        | s.READY.to(s.STOPPED)
+        | s.DELAYED.to(s.STOPPED)
+        | s.PARKED.to(s.STOPPED)
+    )
+    #: An ended envelope leaves the queue's keeping (a RETURNED one was handed back:
+    #: it is its sender's again).
+    discard = s.SUCCEEDED.to(s.NEW) | s.FAILED.to(s.NEW) | s.STOPPED.to(s.NEW)
 
     # -- the outcome table (§4): the attempt in flight ended ---------------------------
 
@@ -165,8 +191,10 @@ class EnvelopeModel(StateMachine):
         return self.context.kind is Kind.PERIODIC
 
     def is_blacklisted(self) -> bool:
-        """The type was blacklisted while the attempt ran: every outcome ends STOPPED."""
-        return self.context.kind is Kind.BLACKLISTED
+        """The type was blacklisted, or an operator cancelled the envelope, while the
+        attempt ran: every outcome ends STOPPED, with no hook (the contract gives both
+        the same rows)."""
+        return self.context.kind in (Kind.BLACKLISTED, Kind.CANCELLED)
 
     def queue_running(self) -> bool:
         """The queue is RUNNING (else a move back into the queue parks instead)."""
@@ -234,6 +262,9 @@ EVENTS: Final[Mapping[EnvEvent | Outcome, str]] = MappingProxyType(
         EnvEvent.STOP: "stop",
         EnvEvent.TERMINATE: "terminate",
         EnvEvent.BLACKLIST: "blacklist",
+        EnvEvent.RETRY: "retry",
+        EnvEvent.CANCEL: "cancel",
+        EnvEvent.DISCARD: "discard",
         **{outcome: f"attempt_{outcome.value}" for outcome in Outcome},
     }
 )

@@ -2,8 +2,9 @@
 
 An abstract queue — its lifecycle state, the stop under way, the blacklisted types,
 ``capacity_used`` — holds a few envelopes with abstract states. Every operation a
-user or the clock can perform is an edge: ``start``, ``stop(mode, cancel)``,
-``terminate``, ``send(batch)``, ``dispatch(e)``, ``due(e)``, the end of ``e``'s attempt
+user, an operator or the clock can perform is an edge: ``start``, ``stop(mode,
+cancel)``, ``terminate``, ``send(batch)``, ``retry(e)``, ``cancel(e)``, ``discard(e)``,
+``dispatch(e)``, ``due(e)``, the end of ``e``'s attempt
 with each outcome (and, for an outcome whose row asks for a failure decision, each
 decision; ``EXPIRED`` too: only a store shared by several processes produces it, but
 its rows are table rows like any other), and the internal ``drained`` and ``abandon``
@@ -123,6 +124,8 @@ class Env(NamedTuple):
     stopped: bool = False
     #: ``send()`` buffered or admitted it: a stay is under way or over.
     admitted: bool = False
+    #: An operator cancelled it while its attempt was in flight (relabelled).
+    cancelled: bool = False
 
 
 class World(NamedTuple):
@@ -343,6 +346,8 @@ class _Step:
         type_ = self.config.types[i]
         if type_ and type_ in self.blacklist:
             kind = Kind.BLACKLISTED
+        if env.cancelled:
+            kind = Kind.CANCELLED
         raised = outcome
         if not type_:
             outcome = self.tables.typeless.get(outcome, outcome)
@@ -385,9 +390,12 @@ class _Step:
                 f"e{i}: ({kind.name}, {outcome.name}) chose {target.name}, "
                 "outside the row's target and redirects",
             )
-        stopped = raised in (Outcome.STOP, Outcome.STOP_TYPE) or kind is Kind.BLACKLISTED
+        stopped = raised in (Outcome.STOP, Outcome.STOP_TYPE) or kind in _CUT
         self.envs[i] = env._replace(
-            in_flight=env.in_flight - 1, cancel=None, stopped=env.stopped or stopped
+            in_flight=env.in_flight - 1,
+            cancel=None,
+            stopped=env.stopped or stopped,
+            cancelled=False,
         )
         self.move(i, outcome, target)
         if releases:
@@ -407,6 +415,43 @@ class _Step:
                     self.move(j, EnvEvent.BLACKLIST, EnvState.STOPPED)
                     self.release()
 
+    # -- an operator's moves ----------------------------------------------------------
+
+    def retry(self, i: int) -> None:
+        """An operator sends envelope ``i`` (ended FAILED or STOPPED) back: checked as a
+        send is (the lifecycle's SEND row, the blacklist, the capacity); a new stay
+        that keeps the story of the last."""
+        env = self.envs[i]
+        row = self.row(QueueCall.SEND)
+        if row is None or row.action not in (LifeAction.BUFFER, LifeAction.ADMIT):
+            return  # the lifecycle refuses it, as a send
+        type_ = self.config.types[i]
+        if type_ and type_ in self.blacklist:
+            return  # TypeBlacklisted
+        cap = self.config.capacity
+        if cap and self.used + 1 > cap:
+            return  # CapacityExceeded
+        to = EnvState.BUFFERED if row.action is LifeAction.BUFFER else EnvState.READY
+        self.envs[i] = Env(state=env.state, admitted=True)
+        self.used += 1
+        self.move(i, EnvEvent.RETRY, to)
+
+    def cancel(self, i: int) -> None:
+        """An operator cancels live envelope ``i``: STOPPED at once, or, running,
+        relabelled (its attempt ends STOPPED whatever its outcome)."""
+        env = self.envs[i]
+        if env.state is EnvState.RUNNING:
+            self.envs[i] = env._replace(cancelled=True)
+            return
+        self.envs[i] = env._replace(stopped=True)
+        self.move(i, EnvEvent.CANCEL, EnvState.STOPPED)
+        self.release()
+
+    def discard(self, i: int) -> None:
+        """An operator discards ended envelope ``i``: out of the queue's keeping."""
+        self.move(i, EnvEvent.DISCARD, EnvState.NEW)
+        self.envs[i] = Env()
+
     def dispatch(self, i: int) -> None:
         """A worker takes READY envelope ``i``."""
         env = self.envs[i]
@@ -417,6 +462,12 @@ class _Step:
 
 
 _ARMABLE: Final = frozenset({EnvState.BUFFERED, EnvState.PARKED})
+#: The row groups of an attempt whose end is no longer its own (its type banned, or an
+#: operator's cancel): it ends STOPPED whatever its outcome.
+_CUT: Final = frozenset({Kind.BLACKLISTED, Kind.CANCELLED})
+#: What an operator may retry, cancel and discard (the contract's §14).
+_RETRIABLE: Final = frozenset({EnvState.FAILED, EnvState.STOPPED})
+_DISCARDABLE: Final = ENDED
 _MODEL_MOVES: Final = envelope_moves()
 _MODEL_LIFE: Final = lifecycle_moves()
 _STOPS: Final = ((StopMode.DRAIN, False), (StopMode.STOP, False), (StopMode.STOP, True))
@@ -505,6 +556,18 @@ def _successors(world: World, tables: Tables, config: Config) -> Iterator[_Step]
         if env.state is EnvState.DELAYED:
             s = step(f"due(e{i})")
             s.move(i, EnvEvent.DUE, EnvState.READY)
+            yield s
+        if env.state in _RETRIABLE:
+            s = step(f"retry(e{i})")
+            s.retry(i)
+            yield s
+        if env.state in LIVE and not env.cancelled:
+            s = step(f"cancel(e{i})")
+            s.cancel(i)
+            yield s
+        if env.state in _DISCARDABLE:
+            s = step(f"discard(e{i})")
+            s.discard(i)
             yield s
         if env.state is EnvState.RUNNING:
             for outcome in Outcome:
@@ -677,9 +740,15 @@ def uncovered(reports: Sequence[Report], tables: Tables = Tables()) -> list[tupl
 #: Table entries no scope can reach, and why. A type is blacklisted only when an
 #: attempt ends, and attempts run only after ``start()``, when nothing is BUFFERED any
 #: more: the contract lists BUFFERED among the states a blacklist stops, but in one
-#: queue it cannot happen (the row is kept as the contract states it).
+#: queue it cannot happen (the row is kept as the contract states it). Likewise an
+#: envelope ends FAILED only after an attempt, so never while its queue is INIT, where
+#: a retry buffers: the RETRY row gives the FAILED one the same arrival as a STOPPED
+#: one (stopped by a cancel before the first start), which is reached.
 UNREACHABLE: Final[frozenset[tuple[object, ...]]] = frozenset(
-    {("move", EnvState.BUFFERED, EnvEvent.BLACKLIST, EnvState.STOPPED)}
+    {
+        ("move", EnvState.BUFFERED, EnvEvent.BLACKLIST, EnvState.STOPPED),
+        ("move", EnvState.FAILED, EnvEvent.RETRY, EnvState.BUFFERED),
+    }
 )
 
 #: The scopes ``main`` explores: one-off + periodic of one type; unlimited and capacity 1;

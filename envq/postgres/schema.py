@@ -206,7 +206,30 @@ def _situations() -> tuple[tuple[_Point, Situation], ...]:
 def _targets(
     source: EnvState, event: EnvEvent | Outcome, decide: Callable[..., EnvState | None]
 ) -> dict[_Point, EnvState | None]:
-    return {point: decide(source, event, situation) for point, situation in _situations()}
+    """The target of ``(source, event)`` in every situation; a move back to NEW (a
+    discard: the row leaves the table) is no state a row can be updated to, so it
+    counts as none here (``envq.discardable`` and the delete trigger allow it)."""
+    found = {point: decide(source, event, situation) for point, situation in _situations()}
+    return {point: None if to is _NEW else to for point, to in found.items()}
+
+
+_NEW: Final = EnvState.NEW
+
+
+def _handed_back() -> EnvState:
+    """The state of an envelope ``terminate()`` hands back (its row then leaves)."""
+    found = target(EnvState.PARKED, EnvEvent.TERMINATE, Situation())
+    assert found is not None
+    return found
+
+
+def discardable(decide: Callable[..., EnvState | None] = target) -> tuple[EnvState, ...]:
+    """The stored states a discard moves back to NEW (their rows may be deleted)."""
+    return tuple(
+        state
+        for state in STORED_STATES
+        if any(decide(state, EnvEvent.DISCARD, c) is _NEW for _, c in _situations())
+    )
 
 
 def _depends(table: Mapping[_Point, EnvState | None], index: int) -> bool:
@@ -384,6 +407,37 @@ COMMENT ON FUNCTION envq.envelopes_check() IS
     'Refuses any envelope row whose change of state the tables of envq._machine do not allow.';
 CREATE TRIGGER envelopes_check BEFORE INSERT OR UPDATE ON envq.envelopes
     FOR EACH ROW EXECUTE FUNCTION envq.envelopes_check();
+"""
+
+_ENVELOPE_DELETE: Final = """\
+CREATE FUNCTION envq.envelopes_discard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    journal_on boolean;
+BEGIN
+    -- A handed-back row leaves with its envelope (terminate()); an ended one is
+    -- discarded (the tables' discard); a live one never leaves.
+    IF OLD.state = '{handed_back}' THEN
+        RETURN OLD;
+    END IF;
+    IF OLD.state NOT IN ({discardable}) THEN
+        RAISE EXCEPTION USING ERRCODE = '{refused}',
+            MESSAGE = format('envq: envelope %s of queue %L is %s: only an ended envelope '
+                             'can be discarded (cancel it first)', OLD.seq, OLD.queue,
+                             OLD.state);
+    END IF;
+    SELECT q.journal INTO journal_on FROM envq.queues AS q WHERE q.name = OLD.queue;
+    IF journal_on THEN
+        INSERT INTO envq.journal (queue, seq, from_state, to_state, event)
+        VALUES (OLD.queue, OLD.seq, OLD.state::text, 'new', 'discard');
+    END IF;
+    RETURN OLD;
+END
+$$;
+COMMENT ON FUNCTION envq.envelopes_discard() IS
+    'Refuses deleting an envelope row the tables do not discard (a live one).';
+CREATE TRIGGER envelopes_discard BEFORE DELETE ON envq.envelopes
+    FOR EACH ROW EXECUTE FUNCTION envq.envelopes_discard();
 """
 
 _QUEUE_CHECK: Final = """\
@@ -1116,6 +1170,9 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         _ENVELOPE_CHECK.replace("{refused}", REFUSED_ENVELOPE_MOVE).replace(
             "{rejected}", REFUSED_CALL
         ),
+        _ENVELOPE_DELETE.replace("{refused}", REFUSED_ENVELOPE_MOVE)
+        .replace("{discardable}", _in(discardable(decide)))
+        .replace("{handed_back}", _handed_back().value),
         _QUEUE_CHECK.replace("{refused}", REFUSED_QUEUE_MOVE)
         .replace("{rejected}", REFUSED_CALL)
         .replace("{initial}", INITIAL_QUEUE_STATE.value),

@@ -24,13 +24,14 @@ from envq._machine import (
     LIVE_STATES,
     CancelCause,
     DecisionKind,
+    EnvEvent,
     EnvState,
     Kind,
     Outcome,
     QueueCall,
     QueueState,
 )
-from envq.postgres._edges import _secrets
+from envq.postgres._edges import redact
 from envq.web._memory import SHOWN
 from envq.web._rows import envelope_row, queue_row
 from envq.web._source import (
@@ -135,9 +136,7 @@ class PgSource:
     # -- connections ------------------------------------------------------------------
 
     def _redact(self, text: str) -> str:
-        for secret in _secrets(self._dsn):
-            text = text.replace(secret, "***")
-        return text[:500]
+        return redact(self._dsn, text)[:500]
 
     def _down(self, error: BaseException) -> SourceUnavailable:
         reason = self._redact(str(error))
@@ -457,6 +456,7 @@ class PgSource:
                 kind=kind,
                 decision=decision,
                 cause=cause,
+                event=None if outcome is not None else _event(event),
             )
         except ValueError:  # a queue's move (seq NULL) never gets here; be safe anyway
             row = queue_row(QueueState(source), QueueState(to), QueueCall(event))
@@ -500,3 +500,11 @@ class PgSource:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+
+
+def _event(label: str) -> EnvEvent | None:
+    """The queue-side event a journal's move names (None: not one)."""
+    try:
+        return EnvEvent(label)
+    except ValueError:
+        return None

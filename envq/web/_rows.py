@@ -16,6 +16,7 @@ from envq._machine import (
     DECISION_TARGET,
     FAULT_TARGET,
     LIFECYCLE,
+    OPERATOR_EVENTS,
     OUTCOMES,
     PARK_INSTEAD,
     QUEUE_MOVES,
@@ -36,13 +37,24 @@ __all__ = ["envelope_row", "event_of", "queue_row"]
 _UNKNOWN: Final = "(not a row of the tables)"
 
 
-def event_of(from_state: EnvState, to_state: EnvState) -> EnvEvent | None:
-    """The queue-side event whose row moves ``from_state`` to ``to_state``, if one does
-    (each such pair has at most one: a test checks it)."""
-    for (state, event), row in QUEUE_MOVES.items():
-        if state is from_state and to_state in row.targets.values():
-            return event
-    return None
+def event_of(
+    from_state: EnvState, to_state: EnvState, known: EnvEvent | None = None
+) -> EnvEvent | None:
+    """The queue-side event whose row moves ``from_state`` to ``to_state``, if one does:
+    ``known`` when the move's record names it and its row allows the move, else the one
+    event of the engine's own that does (each pair has at most one: a test checks it),
+    else an operator's (a cancel stops what a blacklist would)."""
+    if known is not None:
+        row = QUEUE_MOVES.get((from_state, known))
+        if row is not None and to_state in row.targets.values():
+            return known
+    found = [
+        event
+        for (state, event), row in QUEUE_MOVES.items()
+        if state is from_state and to_state in row.targets.values()
+    ]
+    found.sort(key=lambda event: event in OPERATOR_EVENTS)
+    return found[0] if found else None
 
 
 def _guarded(from_state: EnvState, event: EnvEvent, to_state: EnvState) -> str:
@@ -63,11 +75,14 @@ def envelope_row(
     kind: Kind = Kind.ONE_OFF,
     decision: DecisionKind | None = None,
     cause: CancelCause | None = None,
+    event: EnvEvent | None = None,
 ) -> str:
     """The row that moved an envelope from ``from_state`` to ``to_state``.
 
     ``outcome``: the attempt's end (from RUNNING), looked up in the row group ``kind``;
-    ``decision`` and ``cause``, when known, name the choice table a redirect took.
+    ``decision`` and ``cause``, when known, name the choice table a redirect took;
+    ``event``, when known, the queue-side event (an operator's cancel and a blacklist
+    both stop an envelope).
     """
     if outcome is not None:
         row = OUTCOMES.get((kind, outcome))
@@ -85,8 +100,8 @@ def envelope_row(
         return f"{name} → {to_state.name}" if to_state in row.redirects else _UNKNOWN
     if from_state is EnvState.RUNNING and to_state is FAULT_TARGET:
         return "FAULT_TARGET"
-    event = event_of(from_state, to_state)
-    return _UNKNOWN if event is None else _guarded(from_state, event, to_state)
+    found = event_of(from_state, to_state, event)
+    return _UNKNOWN if found is None else _guarded(from_state, found, to_state)
 
 
 def queue_row(from_state: QueueState, to_state: QueueState, call: QueueCall | None) -> str:

@@ -237,7 +237,7 @@ class TestThroughTheHarness:
         out = io.StringIO()
         report(plain, out)
         lines = [line for line in out.getvalue().splitlines() if "EXPIRED]" in line]
-        assert len(lines) == 4, lines  # OUTCOMES x 3 groups, ENVELOPE_MOVES x 1
+        assert len(lines) == 5, lines  # OUTCOMES x 4 groups, ENVELOPE_MOVES x 1
         assert all("not applicable" in line for line in lines), lines
 
 

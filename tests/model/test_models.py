@@ -22,6 +22,7 @@ from envq._machine import (
     ILLEGAL_LIFECYCLE,
     LIFECYCLE,
     LIVE_STATES,
+    OPERATOR_EVENTS,
     OUTCOMES,
     PARK_INSTEAD,
     SHELVE_TARGET,
@@ -185,21 +186,24 @@ class TestEnvelopeMoves:
         assert diff(model_moves_view(), runtime_moves_view(ENVELOPE_MOVES)) == {}
 
     def test_runtime_relation_is_well_formed(self) -> None:
-        """Keys are real pairs, no entry is empty, and nothing leaves a terminal state."""
+        """Keys are real pairs, no entry is empty, nothing but an operator's move
+        leaves a terminal state, and only a discard leads back to NEW."""
         for (state, event), targets in ENVELOPE_MOVES.items():
             assert (state, event) in ENVELOPE_PAIRS
             assert targets, (state, event)
-            assert state not in TERMINAL_STATES
-            assert EnvState.NEW not in targets
+            assert state not in TERMINAL_STATES or event in OPERATOR_EVENTS, (state, event)
+            assert (EnvState.NEW in targets) == (event is EnvEvent.DISCARD), (state, event)
         for event in ENVELOPE_EVENTS:
             assert any(e is event for _, e in ENVELOPE_MOVES), event
 
     def test_state_partition(self) -> None:
-        """NEW, the live states and the terminal states partition EnvState; finals are terminal."""
+        """NEW, the live states and the terminal states partition EnvState; RETURNED is
+        the model's one final state (an operator's move leaves every other terminal
+        one)."""
         assert LIVE_STATES | TERMINAL_STATES | {EnvState.NEW} == set(EnvState)
         assert not LIVE_STATES & TERMINAL_STATES
         assert EnvState.NEW not in LIVE_STATES | TERMINAL_STATES
-        assert {s.value for s in EnvelopeModel.final_states} == TERMINAL_STATES
+        assert {s.value for s in EnvelopeModel.final_states} == {EnvState.RETURNED}
         assert EnvelopeModel.initial_state.value is EnvState.NEW
 
     def test_event_names(self) -> None:
@@ -267,7 +271,7 @@ class TestOutcomes:
 
     def test_engine_follows_the_guards(self) -> None:
         """python-statemachine's engine, sent the outcome, lands where the guards say."""
-        for context in contexts((Kind.ONE_OFF, Kind.PERIODIC, Kind.BLACKLISTED)):
+        for context in contexts(tuple(Kind)):
             if context.wait or context.queue not in (QueueState.RUNNING, QueueState.STOPPING):
                 continue
             for outcome in Outcome:
@@ -279,14 +283,17 @@ class TestOutcomes:
                 assert [machine.current_state_value] == expected, (context, outcome)
 
     def test_guarded_events_from_running_only_read_context(self) -> None:
-        """Only the moves out of NEW, BUFFERED, PARKED, RUNNING and (the stop mode)
-        READY are guarded."""
+        """Only the moves out of NEW, BUFFERED, PARKED, RUNNING, (the stop mode) READY
+        and (an operator's retry, buffered before the first start) FAILED and STOPPED
+        are guarded."""
         guarded = {t.source for t in envelope_transitions() if t.guards}
         assert guarded == {
             EnvState.NEW,
             EnvState.BUFFERED,
             EnvState.PARKED,
             EnvState.RUNNING,
+            EnvState.FAILED,
+            EnvState.STOPPED,
             EnvState.READY,
         }
 

@@ -18,6 +18,7 @@ import pytest
 
 from envq._machine import (
     LIFECYCLE,
+    QUEUE_MOVES,
     CancelCause,
     DecisionKind,
     EnvEvent,
@@ -62,6 +63,12 @@ def _defined_pairs(decide: Callable[..., EnvState | None]) -> set[tuple[EnvState
 # ---------------------------------------------------------------------------------------
 
 
+def _stored(to: EnvState | None) -> EnvState | None:
+    """A target as an update of a row: a discard's NEW is no state a row is updated
+    to (the row is deleted instead: the delete trigger's, tested below)."""
+    return None if to is _N else to
+
+
 async def _function_disagreements(
     conn: object, decide: Callable[..., EnvState | None] = target
 ) -> list[tuple[str, str, Situation, str | None, str | None]]:
@@ -103,7 +110,7 @@ async def _function_disagreements(
     assert len(got) == len(points)
     disagreements = []
     for (state, event, c), record in zip(points, got, strict=True):
-        expected = _value(decide(state, event, c))
+        expected = _value(_stored(decide(state, event, c)))
         if record["target"] != expected:
             disagreements.append((state.name, event_label(event), c, record["target"], expected))
     return disagreements
@@ -226,7 +233,7 @@ def _cases() -> Iterator[tuple[EnvState, EnvEvent | Outcome, Situation, EnvState
         for state, event in itertools.product(EnvState, ENVELOPE_EVENTS):
             if (state, event) not in defined and not others_default:
                 continue
-            expected = target(state, event, c)
+            expected = _stored(target(state, event, c))
             if state is _N and _send_rejected(c.queue):
                 # The lifecycle rejects a send before any envelope moves.
                 expected = None
@@ -569,3 +576,36 @@ def test_the_enumeration_covers_every_guard() -> None:
     assert {(c.wait, c.limited) for c in SITUATIONS} == set(
         itertools.product((False, True), repeat=2)
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Deletes: a discard, or a hand-back
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.real_clock
+async def test_only_the_rows_the_tables_discard_or_hand_back_may_be_deleted(
+    pg_dsn: str,
+) -> None:
+    """A row in a state whose discard leads to NEW in the tables, or a handed-back
+    (RETURNED) one, may be deleted; a live one is refused, naming the cancel."""
+    from pg_support import session  # noqa: PLC0415
+
+    from envq.postgres.schema import discardable  # noqa: PLC0415
+
+    deletable = {*discardable(), EnvState.RETURNED}
+    assert set(discardable()) == {s for (s, e), row in QUEUE_MOVES.items() if e is EnvEvent.DISCARD}
+    refused = []
+    async with session(pg_dsn) as conn:
+        one_each = {state: seq for (state, _kind, _queue), seq in (await _place_rows(conn)).items()}
+        for state, seq in sorted(one_each.items(), key=lambda kv: kv[1]):
+            try:
+                async with conn.transaction():
+                    await conn.execute("DELETE FROM envq.envelopes WHERE seq = $1", seq)
+            except Exception as error:
+                refused.append((state, getattr(error, "sqlstate", None), str(error)))
+            else:
+                assert state in deletable, state
+    assert {state for state, _, _ in refused} == set(STORED_STATES) - deletable
+    assert all(code == REFUSED_ENVELOPE_MOVE for _, code, _ in refused), refused
+    assert all("cancel it first" in text for _, _, text in refused), refused

@@ -4,7 +4,12 @@
 -- end records its token (ended_token); schema_version names the oldest version
 -- whose envq still runs on this one; envq.counts keeps the envelopes per state (a
 -- send's capacity check no longer counts rows); ready envelopes are claimed in the
--- order they became ready, from an index of their own.
+-- order they became ready, from an index of their own; an operator's moves (retry,
+-- cancel, discard) are events of the tables, and only an ended row may be deleted.
+ALTER TYPE envq.envelope_event ADD VALUE 'retry' BEFORE 'attempt_ok';
+ALTER TYPE envq.envelope_event ADD VALUE 'cancel' BEFORE 'attempt_ok';
+ALTER TYPE envq.envelope_event ADD VALUE 'discard' BEFORE 'attempt_ok';
+ALTER TYPE envq.envelope_kind ADD VALUE 'cancelled';
 ALTER TABLE envq.schema_version ADD COLUMN compatible_from integer;
 UPDATE envq.schema_version SET compatible_from = version;
 ALTER TABLE envq.schema_version ALTER COLUMN compatible_from SET NOT NULL;
@@ -59,6 +64,197 @@ COMMENT ON FUNCTION envq.hold IS
     'Before a decision (on_failure): the attempt''s lease, while it still holds, '
     'extended to cover span (the hook''s budget); the row''s kind (blacklisted: no '
     'hook), or NULL when the lease no longer holds (the reaper decides instead).';
+
+CREATE OR REPLACE FUNCTION envq.envelope_target(state envq.envelope_state, event envq.envelope_event, kind envq.envelope_kind, queue envq.queue_state, wait boolean, decision envq.decision_kind, cause envq.cancel_cause, mode envq.stop_mode, limited boolean)
+RETURNS envq.envelope_state LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  RETURN CASE
+    WHEN state IS NULL AND event = 'send'
+    THEN CASE
+            WHEN queue = 'init' THEN 'buffered'::envq.envelope_state
+            WHEN queue IN ('running', 'stopping', 'stopped', 'terminated') THEN CASE
+                WHEN NOT wait THEN 'ready'::envq.envelope_state
+                WHEN wait THEN 'delayed'::envq.envelope_state
+            END
+        END
+    WHEN state = 'buffered' AND event = 'start'
+    THEN CASE
+            WHEN NOT wait THEN 'ready'::envq.envelope_state
+            WHEN wait THEN 'delayed'::envq.envelope_state
+        END
+    WHEN state = 'buffered' AND event = 'terminate'
+    THEN 'returned'::envq.envelope_state
+    WHEN state = 'buffered' AND event = 'blacklist'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'buffered' AND event = 'cancel'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'ready' AND event = 'dispatch'
+    THEN 'running'::envq.envelope_state
+    WHEN state = 'ready' AND event = 'stop'
+    THEN CASE
+            WHEN mode = 'drain' THEN NULL
+            WHEN mode = 'stop' THEN 'parked'::envq.envelope_state
+        END
+    WHEN state = 'ready' AND event = 'blacklist'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'ready' AND event = 'cancel'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'delayed' AND event = 'due'
+    THEN 'ready'::envq.envelope_state
+    WHEN state = 'delayed' AND event = 'stop'
+    THEN 'parked'::envq.envelope_state
+    WHEN state = 'delayed' AND event = 'blacklist'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'delayed' AND event = 'cancel'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'running' AND event = 'attempt_ok'
+    THEN CASE
+            WHEN kind = 'one_off' THEN 'succeeded'::envq.envelope_state
+            WHEN kind = 'periodic' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN 'parked'::envq.envelope_state
+                WHEN queue = 'running' THEN 'delayed'::envq.envelope_state
+            END
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
+        END
+    WHEN state = 'running' AND event = 'attempt_error'
+    THEN CASE
+            WHEN kind = 'one_off' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN CASE
+                    WHEN decision IS NULL OR decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision IN ('retry_now', 'retry_after') THEN 'parked'::envq.envelope_state
+                END
+                WHEN queue = 'running' THEN CASE
+                    WHEN decision IS NULL OR decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision = 'retry_now' THEN CASE
+                        WHEN NOT limited THEN 'ready'::envq.envelope_state
+                        WHEN limited THEN 'delayed'::envq.envelope_state
+                    END
+                    WHEN decision = 'retry_after' THEN 'delayed'::envq.envelope_state
+                END
+            END
+            WHEN kind = 'periodic' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN CASE
+                    WHEN decision IS NULL OR decision IN ('retry_now', 'retry_after') THEN 'parked'::envq.envelope_state
+                    WHEN decision = 'drop' THEN 'failed'::envq.envelope_state
+                END
+                WHEN queue = 'running' THEN CASE
+                    WHEN decision IS NULL OR decision = 'retry_after' THEN 'delayed'::envq.envelope_state
+                    WHEN decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision = 'retry_now' THEN CASE
+                        WHEN NOT limited THEN 'ready'::envq.envelope_state
+                        WHEN limited THEN 'delayed'::envq.envelope_state
+                    END
+                END
+            END
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
+        END
+    WHEN state = 'running' AND event = 'attempt_timeout'
+    THEN CASE
+            WHEN kind = 'one_off' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN CASE
+                    WHEN decision IS NULL OR decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision IN ('retry_now', 'retry_after') THEN 'parked'::envq.envelope_state
+                END
+                WHEN queue = 'running' THEN CASE
+                    WHEN decision IS NULL OR decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision = 'retry_now' THEN CASE
+                        WHEN NOT limited THEN 'ready'::envq.envelope_state
+                        WHEN limited THEN 'delayed'::envq.envelope_state
+                    END
+                    WHEN decision = 'retry_after' THEN 'delayed'::envq.envelope_state
+                END
+            END
+            WHEN kind = 'periodic' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN CASE
+                    WHEN decision IS NULL OR decision IN ('retry_now', 'retry_after') THEN 'parked'::envq.envelope_state
+                    WHEN decision = 'drop' THEN 'failed'::envq.envelope_state
+                END
+                WHEN queue = 'running' THEN CASE
+                    WHEN decision IS NULL OR decision = 'retry_after' THEN 'delayed'::envq.envelope_state
+                    WHEN decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision = 'retry_now' THEN CASE
+                        WHEN NOT limited THEN 'ready'::envq.envelope_state
+                        WHEN limited THEN 'delayed'::envq.envelope_state
+                    END
+                END
+            END
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
+        END
+    WHEN state = 'running' AND event = 'attempt_stop'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'running' AND event = 'attempt_stop_type'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'running' AND event = 'attempt_no_retry'
+    THEN CASE
+            WHEN kind IN ('one_off', 'periodic') THEN 'failed'::envq.envelope_state
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
+        END
+    WHEN state = 'running' AND event = 'attempt_cancelled'
+    THEN CASE
+            WHEN kind IN ('one_off', 'periodic') THEN CASE
+                WHEN cause IS NULL THEN NULL
+                WHEN cause = 'stop' THEN 'parked'::envq.envelope_state
+                WHEN cause = 'terminate' THEN 'returned'::envq.envelope_state
+            END
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
+        END
+    WHEN state = 'running' AND event = 'attempt_expired'
+    THEN CASE
+            WHEN kind = 'one_off' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN CASE
+                    WHEN decision IS NULL OR decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision IN ('retry_now', 'retry_after') THEN 'parked'::envq.envelope_state
+                END
+                WHEN queue = 'running' THEN CASE
+                    WHEN decision IS NULL OR decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision = 'retry_now' THEN CASE
+                        WHEN NOT limited THEN 'ready'::envq.envelope_state
+                        WHEN limited THEN 'delayed'::envq.envelope_state
+                    END
+                    WHEN decision = 'retry_after' THEN 'delayed'::envq.envelope_state
+                END
+            END
+            WHEN kind = 'periodic' THEN CASE
+                WHEN queue IN ('init', 'stopping', 'stopped', 'terminated') THEN CASE
+                    WHEN decision IS NULL OR decision IN ('retry_now', 'retry_after') THEN 'parked'::envq.envelope_state
+                    WHEN decision = 'drop' THEN 'failed'::envq.envelope_state
+                END
+                WHEN queue = 'running' THEN CASE
+                    WHEN decision IS NULL OR decision = 'retry_after' THEN 'delayed'::envq.envelope_state
+                    WHEN decision = 'drop' THEN 'failed'::envq.envelope_state
+                    WHEN decision = 'retry_now' THEN CASE
+                        WHEN NOT limited THEN 'ready'::envq.envelope_state
+                        WHEN limited THEN 'delayed'::envq.envelope_state
+                    END
+                END
+            END
+            WHEN kind IN ('blacklisted', 'cancelled') THEN 'stopped'::envq.envelope_state
+        END
+    WHEN state = 'parked' AND event = 'start'
+    THEN CASE
+            WHEN NOT wait THEN 'ready'::envq.envelope_state
+            WHEN wait THEN 'delayed'::envq.envelope_state
+        END
+    WHEN state = 'parked' AND event = 'terminate'
+    THEN 'returned'::envq.envelope_state
+    WHEN state = 'parked' AND event = 'blacklist'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'parked' AND event = 'cancel'
+    THEN 'stopped'::envq.envelope_state
+    WHEN state = 'failed' AND event = 'retry'
+    THEN CASE
+            WHEN queue = 'init' THEN 'buffered'::envq.envelope_state
+            WHEN queue IN ('running', 'stopping', 'stopped', 'terminated') THEN 'ready'::envq.envelope_state
+        END
+    WHEN state = 'stopped' AND event = 'retry'
+    THEN CASE
+            WHEN queue = 'init' THEN 'buffered'::envq.envelope_state
+            WHEN queue IN ('running', 'stopping', 'stopped', 'terminated') THEN 'ready'::envq.envelope_state
+        END
+  END;
+END
+$$;
+COMMENT ON FUNCTION envq.envelope_target IS 'The state an event leads an envelope to (state NULL: a new one), as envq._machine.target; NULL when the event does not move it.';
 
 CREATE OR REPLACE FUNCTION envq.claim(queue_name text, owner text, how_many integer, lease interval)
 RETURNS SETOF envq.envelopes
@@ -256,6 +452,35 @@ $$;
 COMMENT ON FUNCTION envq.expire IS
     'Ends an attempt whose lease expired (the reaper''s move), where the tables lead, '
     'only while that lease is still the attempt''s; NULL when it is not.';
+
+CREATE FUNCTION envq.envelopes_discard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    journal_on boolean;
+BEGIN
+    -- A handed-back row leaves with its envelope (terminate()); an ended one is
+    -- discarded (the tables' discard); a live one never leaves.
+    IF OLD.state = 'returned' THEN
+        RETURN OLD;
+    END IF;
+    IF OLD.state NOT IN ('succeeded', 'failed', 'stopped') THEN
+        RAISE EXCEPTION USING ERRCODE = 'EQ001',
+            MESSAGE = format('envq: envelope %s of queue %L is %s: only an ended envelope '
+                             'can be discarded (cancel it first)', OLD.seq, OLD.queue,
+                             OLD.state);
+    END IF;
+    SELECT q.journal INTO journal_on FROM envq.queues AS q WHERE q.name = OLD.queue;
+    IF journal_on THEN
+        INSERT INTO envq.journal (queue, seq, from_state, to_state, event)
+        VALUES (OLD.queue, OLD.seq, OLD.state::text, 'new', 'discard');
+    END IF;
+    RETURN OLD;
+END
+$$;
+COMMENT ON FUNCTION envq.envelopes_discard() IS
+    'Refuses deleting an envelope row the tables do not discard (a live one).';
+CREATE TRIGGER envelopes_discard BEFORE DELETE ON envq.envelopes
+    FOR EACH ROW EXECUTE FUNCTION envq.envelopes_discard();
 
 DROP INDEX envq.envelopes_ready;
 -- Ready envelopes in the order they became ready (the trigger stamps updated_at
