@@ -180,6 +180,7 @@ class Admission:
             rec.seq = seq
             rec.attempts = 0
             rec.failures = 0
+            rec.error = rec.story = None
             rec.owner = self.owner
             live[env] = rec
             if careful and env.id is not None:
@@ -193,6 +194,35 @@ class Admission:
         if dedups:
             self._counts.dedups += dedups
         return True
+
+    def readmit(self, batch: Sequence[Envelope], row: LifeRow) -> list[Envelope]:
+        """An operator's retry of ``batch`` (envelopes that ended here): send's checks
+        (the lifecycle's SEND row, the blacklist, dedup by id, the capacity; all or
+        nothing), then each admitted again as live, its story kept (no reset of its
+        attempts or its last error); the envelopes admitted, for the caller to move."""
+        if row.action is LifeAction.REJECT:
+            self._refuse_state(row, batch)
+        if self.blacklist and any(env.type in self.blacklist for env in batch):
+            self.refuse(batch)
+        fresh = self.fresh(batch)
+        if fresh and self.capacity and len(self.live) + len(fresh) > self.capacity:
+            self.reject(
+                Rejection.CAPACITY,
+                CapacityExceeded,
+                f"no room to retry {len(fresh)} envelope(s): {len(self.live)} of "
+                f"{self.capacity} used ({fresh[0].label()})",
+            )
+        self._counts.dedups += len(batch) - len(fresh)
+        for env in fresh:
+            rec = env._rec
+            self._seq += 1
+            rec.seq = self._seq
+            rec.kind = KIND_OF[env._periodic]  # a cancel or a ban relabelled its last stay
+            rec.owner = self.owner
+            self.live[env] = rec
+            if env.id is not None:
+                self.ids[env.id] = env
+        return fresh
 
     def fresh(self, items: Sequence[Envelope]) -> list[Envelope]:
         """The envelopes of ``items`` to admit: neither live here nor named earlier in

@@ -37,6 +37,7 @@ class QueueConfig:
     hook_timeout: HookTimeout = attrs.field(factory=HookTimeout)
     threads: int | None = None
     log_unhandled: bool = True
+    keep_ended: int = 1000
 
     @classmethod
     def checked(
@@ -54,6 +55,7 @@ class QueueConfig:
         hook_timeout: HookTimeout,
         threads: int | None,
         log_unhandled: bool,
+        keep_ended: int = 1000,
     ) -> QueueConfig:
         """The configuration, once every argument passed its check."""
         _checks.name("Queue: name", name)
@@ -72,6 +74,7 @@ class QueueConfig:
         if threads is not None:
             _checks.integer(f"{where} threads", threads, minimum=1)
         _checks.flag(f"{where} log_unhandled", log_unhandled)
+        _checks.integer(f"{where} keep_ended", keep_ended, minimum=0)
         return cls(
             name=name,
             workers=workers,
@@ -85,4 +88,5 @@ class QueueConfig:
             hook_timeout=hook_timeout,
             threads=threads,
             log_unhandled=log_unhandled,
+            keep_ended=keep_ended,
         )

@@ -203,6 +203,15 @@ class Crew:
                 return w
         return None
 
+    def cancel(self, env: Envelope, cause: CancelCause) -> None:
+        """Ask the attempt of ``env`` to stop (as a stop with ``cancel=True`` would), if
+        it is running and may be cancelled now (not its hooks)."""
+        w = self.holding(env)
+        if w is not None and w.cancellable and w.task is not None and w.cancel_cause is None:
+            w.task.cancel()
+            w.owed = 1
+            w.cancel_cause = cause
+
     def cancel_in_flight(self, cause: CancelCause, spared: object) -> None:
         """Cancel every attempt in flight that may be cancelled now (not its hooks),
         except ``spared``'s, noting ``cause``."""

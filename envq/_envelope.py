@@ -62,6 +62,7 @@ class _Rec:
     __slots__ = (
         "attempts",
         "due",
+        "error",
         "failures",
         "kind",
         "logged",
@@ -69,6 +70,7 @@ class _Rec:
         "owner",
         "seq",
         "state",
+        "story",
         "tick",
     )
 
@@ -87,6 +89,11 @@ class _Rec:
         #: The loop time of the last WARNING about its row of unhandled periodic
         #: failures (read only when a run fails).
         self.logged = 0.0
+        #: The last error an attempt ended with in this stay or before an operator's
+        #: retry (``ErrorInfo``), and the story of its failed attempts (a list of
+        #: ``AttemptRecord``, the latest last, bounded); None until the first failure.
+        self.error: Any = None
+        self.story: Any = None
 
 
 # Every field check raises BadEnvelopeType (a BadEnvelope and a TypeError) for a value

@@ -22,7 +22,7 @@ from envq._limits import forget_limiter
 from envq._listeners import Listeners
 from envq._machine import ENVELOPE_MOVES, EnvEvent, EnvState, Kind, Outcome
 from envq._notify import to_dead_letter, unhandled_failure
-from envq._reports import Event
+from envq._reports import STORY_LIMIT, AttemptRecord, ErrorInfo, Event
 from envq._stats import Counters
 from envq._store import MemoryStore
 
@@ -34,6 +34,8 @@ _PARKED: Final = EnvState.PARKED
 _BUFFERED: Final = EnvState.BUFFERED
 _RETURNED: Final = EnvState.RETURNED
 _FAILED: Final = EnvState.FAILED
+_STOPPED: Final = EnvState.STOPPED
+_OUTCOME: Final = Outcome
 _DUE: Final = EnvEvent.DUE
 _PERIODIC: Final = Kind.PERIODIC
 
@@ -156,6 +158,8 @@ class Mover:
         frm = rec.state
         rec.state = to
         store = self._store
+        if cause is not None and event.__class__ is _OUTCOME:
+            note_failure(rec, event, cause, self._clock())
         if to is _READY:
             if self.observed:
                 self.observe(env, frm, event, to, cause)
@@ -192,6 +196,8 @@ class Mover:
             self._counts.terminal[to] += 1
             if to is _RETURNED:
                 store.hand_back(env, rec)
+            elif (to is _FAILED or to is _STOPPED) and store.keep:
+                store.keep_ended(env)
             if self._limiter is not None:
                 forget_limiter(self.name, self._limiter, env)
             if self.observed:
@@ -223,6 +229,19 @@ class Mover:
         to = self._due_to
         assert to is not None
         self.enter(env, rec, _DUE, to)
+
+
+def note_failure(rec: _Rec, outcome: Outcome, cause: BaseException, now: float) -> None:
+    """Keep, in ``rec``, the error an attempt ended with and the attempt in its story
+    (bounded: the latest ``STORY_LIMIT``). Only an attempt that ended with an error
+    costs this (a success has none)."""
+    error = rec.error = ErrorInfo.of(cause)
+    story = rec.story
+    if story is None:
+        story = rec.story = []
+    story.append(AttemptRecord(rec.attempts, outcome, now, error))
+    if len(story) > STORY_LIMIT:
+        del story[0]
 
 
 def _unbound() -> float:

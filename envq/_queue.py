@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import attrs
 
@@ -31,7 +31,7 @@ from envq._admission import Admission, first_delay
 from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
 from envq._crew import ATTEMPT, Crew, keep_alive
-from envq._entry import check_own_loop, elsewhere, hand_over, running_loop
+from envq._entry import check_own_loop, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
 from envq._lifecycle import Lifecycle, check_arrives
 from envq._limits import RateLimiter
@@ -56,8 +56,9 @@ from envq._notify import (
     lost_with_queue,
     on_first_signal,
 )
+from envq._operator import Operator, OperatorCalls
 from envq._outcomes import Settler
-from envq._reports import LiveEnvelope, StopReport
+from envq._reports import StopReport
 from envq._stats import Counters
 from envq._store import MemoryStore
 from envq._timers import Deadlines
@@ -85,7 +86,7 @@ _DUE: Final = EnvEvent.DUE
 _PERIODIC: Final = Kind.PERIODIC
 
 
-class Queue:
+class Queue(OperatorCalls):
     """A named, bounded, asyncio-native worker pool that runs envelopes.
 
     :param name: a non-empty printable str without surrounding whitespace
@@ -108,6 +109,9 @@ class Queue:
     :param log_unhandled: log an envelope that ends FAILED while nothing handles it
         (no ``on_failure``, no ``dead_letter``, no subscribed listener) once, at
         WARNING with its last error's traceback, through the ``envq`` logger.
+    :param keep_ended: how many envelopes that ended FAILED or STOPPED the queue keeps,
+        with their story (last error, failed attempts), for :meth:`envelopes`,
+        :meth:`retry` and :meth:`discard` (the latest ones; 0: none).
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class Queue:
         hook_timeout: HookTimeout = HookTimeout(),  # noqa: B008 - frozen value
         threads: int | None = None,
         log_unhandled: bool = True,
+        keep_ended: int = 1000,
     ) -> None:
         config = self.config = QueueConfig.checked(
             name,
@@ -139,6 +144,7 @@ class Queue:
             hook_timeout=hook_timeout,
             threads=threads,
             log_unhandled=log_unhandled,
+            keep_ended=keep_ended,
         )
         self.name: Final = name
         self.workers: Final = workers
@@ -167,7 +173,7 @@ class Queue:
         def on_due(env: Envelope, rec: _Rec) -> None:
             mover.due(env, rec)  # the mover is made next: it holds the store
 
-        store = self._store = MemoryStore(self, on_due, deque())
+        store = self._store = MemoryStore(self, on_due, deque(), keep_ended)
         mover = self._mover = Mover(config, store, self._events, self._counts, self._now)
         self._live = store.live
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
@@ -229,6 +235,15 @@ class Queue:
             listeners=self._events,
         )
         self._crew.attach(self._runner, self._deadlines, self._settler.plan, self._lc)
+        self._operator = Operator(
+            name,
+            store=store,
+            enter=mover.enter,
+            move=mover.move,
+            admission=admission,
+            crew=self._crew,
+            send_row=lambda: self._lc.send_row,
+        )
         mover.attach(admission, self._lc)
         #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
@@ -504,26 +519,6 @@ class Queue:
         rec = self._live.get(envelope)
         return rec.due if rec is not None and rec.state is _DELAYED else None
 
-    def envelopes(
-        self, state: EnvState | None = None, *, after: int = 0, limit: int = 100
-    ) -> list[LiveEnvelope]:
-        """Snapshots of the live envelopes in admission order: those in ``state`` (any
-        when None) after stay ``after`` (a :attr:`LiveEnvelope.seq`: the last one seen,
-        for the next page), at most ``limit``. Read-only; it walks the live envelopes.
-
-        :raises TypeError: ``state`` is not an :class:`EnvState`, or ``after`` /
-            ``limit`` not an int.
-        :raises ValueError: ``after`` is negative or ``limit`` below 1.
-        """
-        where = f"queue {self.name!r}: envelopes()"
-        if state is not None:
-            _checks.member(f"{where} state", state, EnvState)
-        after = _checks.integer(f"{where} after", after, minimum=0)
-        limit = _checks.integer(f"{where} limit", limit, minimum=1)
-        if self._elsewhere():
-            return self._from_elsewhere(self.envelopes, state, after=after, limit=limit)
-        return self._store.snapshots(state, after, limit)
-
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every state change; returns an unsubscribe
         function. A listener that raises is logged and never breaks the queue.
@@ -653,14 +648,6 @@ class Queue:
 
     def _own_loop(self, method: str) -> None:
         check_own_loop(self._loop, self.name, method)
-
-    def _elsewhere(self) -> bool:
-        return elsewhere(self._loop)
-
-    def _from_elsewhere(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        loop = self._loop
-        assert loop is not None
-        return hand_over(loop, fn, *args, **kwargs)
 
     def _observe_changed(self, observed: bool) -> None:
         self._mover.observed = observed

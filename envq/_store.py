@@ -42,13 +42,14 @@ class MemoryStore:
     would cost every envelope about a tenth of a microsecond.
     """
 
-    __slots__ = ("delays", "handed", "idle", "ids", "live", "ready")
+    __slots__ = ("delays", "ended", "handed", "idle", "ids", "keep", "live", "ready")
 
     def __init__(
         self,
         owner: object,
         on_due: Callable[[Envelope, _Rec], None],
         idle: deque[asyncio.Future[bool]],
+        keep: int = 0,
     ) -> None:
         #: The live envelopes, in admission order.
         self.live: dict[Envelope, _Rec] = {}
@@ -61,6 +62,10 @@ class MemoryStore:
         #: (admission number, envelope) handed back by the termination under way.
         self.handed: list[tuple[int, Envelope]] = []
         self.idle = idle
+        #: The envelopes that ended FAILED or STOPPED, kept for an operator to look at,
+        #: retry or discard: the latest ``keep`` (0: none), the oldest first.
+        self.ended: dict[Envelope, None] = {}
+        self.keep = keep
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Use ``loop``'s timers from now on."""
@@ -84,6 +89,15 @@ class MemoryStore:
         """``env`` is handed back by the termination under way."""
         self.handed.append((rec.seq, env))
 
+    def keep_ended(self, env: Envelope) -> None:
+        """``env`` ended FAILED or STOPPED: keep it (the oldest kept one goes when more
+        than :attr:`keep` are)."""
+        ended = self.ended
+        ended.pop(env, None)
+        ended[env] = None
+        if len(ended) > self.keep:
+            del ended[next(iter(ended))]
+
     def take_handed(self) -> list[Envelope]:
         """What the termination handed back, in admission order (and forget it)."""
         handed = sorted(self.handed, key=lambda pair: pair[0])
@@ -105,14 +119,26 @@ class MemoryStore:
         self.delays.clear()
 
     def snapshots(self, state: EnvState | None, after: int, limit: int) -> list[LiveEnvelope]:
-        """The live envelopes in ``state`` (any when None) admitted after stay number
-        ``after``, in admission order, at most ``limit``, as snapshots."""
+        """The envelopes in ``state`` (any when None; the live ones, then the kept ended
+        ones) admitted after stay number ``after``, in admission order, at most
+        ``limit``, as snapshots."""
         found: list[LiveEnvelope] = []
-        for env, rec in self.live.items():
-            if rec.seq <= after or (state is not None and rec.state is not state):
-                continue
-            due = rec.due if rec.state is EnvState.DELAYED else None
-            found.append(LiveEnvelope(env, rec.seq, rec.state, rec.kind, rec.attempts, due))
-            if len(found) >= limit:
-                break
-        return found
+        # The live ones are in admission order (stop at the page's end); the kept
+        # ended ones (at most ``keep``) in the order they ended.
+        for group, ordered in ((self.live, True), (self.ended, False)):
+            taken = 0
+            for env in group:
+                rec = env._rec
+                if rec.seq <= after or (state is not None and rec.state is not state):
+                    continue
+                due = rec.due if rec.state is EnvState.DELAYED else None
+                history = tuple(rec.story or ())
+                snap = LiveEnvelope(
+                    env, rec.seq, rec.state, rec.kind, rec.attempts, due, rec.error, history
+                )
+                found.append(snap)
+                taken += 1
+                if ordered and taken >= limit:
+                    break
+        found.sort(key=lambda snap: snap.seq)
+        return found[:limit]

@@ -114,7 +114,7 @@ async def test_envelopes_leaving_delayed_early_are_not_kept_alive() -> None:
     async def stop_type(env: envq.Envelope) -> None:
         raise envq.StopType("enough")
 
-    q = envq.Queue("q")
+    q = envq.Queue("q", keep_ended=0)  # the heap's hold, not the kept ended ones
     q.start()
     keeper = envq.Envelope(invoke=starts, id="keeper", delay=50)
     victims = [envq.Envelope(invoke=starts, type="t", delay=100) for _ in range(200)]
