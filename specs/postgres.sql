@@ -389,6 +389,11 @@ CREATE TABLE envq.envelopes (
     lease_token uuid,
     lease_owner text,
     lease_expires_at timestamptz,
+    -- Its story: the last error an attempt ended with ({type, message,
+    -- traceback}, bounded) and its failed attempts ([{attempt, outcome,
+    -- started, ended, node, error}], the latest 20), kept across a retry.
+    last_error jsonb,
+    history jsonb,
     -- The token of the attempt whose own node ended it last (NULL: reaped, or
     -- none yet): a node that lost the reply of an end finds it committed here.
     ended_token uuid,
@@ -415,6 +420,9 @@ CREATE UNIQUE INDEX envelopes_live_id ON envq.envelopes (queue, id)
 -- primary key past every ended row at its head).
 CREATE INDEX envelopes_ready ON envq.envelopes (queue, updated_at, seq) WHERE state = 'ready';
 CREATE INDEX envelopes_due ON envq.envelopes (queue, due_at) WHERE state = 'delayed';
+-- Ended envelopes by the time they ended: an operator's or the nodes' purge
+-- by age reads this index alone.
+CREATE INDEX envelopes_ended ON envq.envelopes (queue, updated_at) WHERE state IN ('succeeded', 'failed', 'stopped');
 CREATE INDEX envelopes_leases ON envq.envelopes (lease_expires_at) WHERE state = 'running';
 
 CREATE INDEX envelopes_owners ON envq.envelopes (lease_owner) WHERE state = 'running';
@@ -481,10 +489,17 @@ BEGIN
                 MESSAGE = format('envq: envelope %s cannot move from queue %L to queue %L',
                                  OLD.seq, OLD.queue, NEW.queue);
         END IF;
-        IF NEW.kind IS DISTINCT FROM OLD.kind AND NEW.kind <> 'blacklisted' THEN
+        -- A running envelope's row group is relabelled (its type banned, an operator's
+        -- cancel); an operator's retry gives it its own group back.
+        IF NEW.kind IS DISTINCT FROM OLD.kind
+           AND NOT (OLD.state = 'running' AND NEW.kind IN ('blacklisted', 'cancelled'))
+           AND NOT (NEW.event IS NOT DISTINCT FROM 'retry' AND NEW.kind IN ('one_off', 'periodic'))
+        THEN
             RAISE EXCEPTION USING ERRCODE = 'EQ001',
                 MESSAGE = format('envq: envelope %s cannot change kind from %s to %s '
-                                 '(only to blacklisted)', OLD.seq, OLD.kind, NEW.kind);
+                                 '(only a running one is relabelled, to %s; a retry gives '
+                                 'it its own back)', OLD.seq, OLD.kind, NEW.kind,
+                                 'blacklisted or cancelled');
         END IF;
         IF NEW.event IS NULL THEN
             IF NEW.state IS DISTINCT FROM OLD.state THEN
@@ -679,8 +694,24 @@ COMMENT ON FUNCTION envq.claim IS
     'Starts attempts: up to how_many READY envelopes of a dispatching queue, the longest '
     'ready first, skipping rows other claims hold, each RUNNING under a new lease.';
 
+CREATE FUNCTION envq.story(history jsonb, attempt integer, outcome envq.envelope_event,
+                           started timestamptz, node text, error jsonb)
+RETURNS jsonb
+LANGUAGE sql AS $$
+    -- The attempt appended (its error without the traceback: last_error keeps that),
+    -- the oldest dropped past 20.
+    SELECT CASE WHEN jsonb_array_length(h) > 20 THEN h - 0 ELSE h END
+      FROM (SELECT coalesce(history, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                'attempt', attempt, 'outcome', outcome,
+                'started', extract(epoch FROM started)::float8,
+                'ended', extract(epoch FROM clock_timestamp())::float8,
+                'node', node, 'error', error - 'traceback')) AS h) AS s
+$$;
+COMMENT ON FUNCTION envq.story IS
+    'An envelope''s story with one more failed attempt (the latest 20 kept).';
+
 CREATE FUNCTION envq.renew(queue text, owner text, lease interval, tokens uuid[])
-RETURNS SETOF uuid
+RETURNS TABLE (token uuid, kind envq.envelope_kind)
 LANGUAGE sql AS $$
     -- Rows are locked in seq order, as the ends lock theirs: a renewal and an end of
     -- the same attempts on two sessions cannot deadlock.
@@ -694,13 +725,14 @@ LANGUAGE sql AS $$
        SET lease_expires_at = greatest(e.lease_expires_at, clock_timestamp() + lease)
       FROM mine
      WHERE e.seq = mine.seq AND e.lease_expires_at > clock_timestamp()
-    RETURNING e.lease_token
+    RETURNING e.lease_token, e.kind
 $$;
 COMMENT ON FUNCTION envq.renew IS
     'Extends the leases of the attempts a node knows it holds (their tokens, under its '
-    'owner name) by lease, never shortening one; returns the tokens renewed. An expired '
-    'lease is not renewed: it is lost. A lease the node does not know of (a claim whose '
-    'reply it lost) is not renewed either: adopt() takes it, or it expires.';
+    'owner name) by lease, never shortening one; returns the tokens renewed with their '
+    'row groups (cancelled: an operator asked the attempt to stop). An expired lease is '
+    'not renewed: it is lost. A lease the node does not know of (a claim whose reply it '
+    'lost) is not renewed either: adopt() takes it, or it expires.';
 
 CREATE FUNCTION envq.adopt(queue_name text, owner text, known uuid[], lease interval)
 RETURNS SETOF envq.envelopes
@@ -734,7 +766,8 @@ CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
                             cause envq.cancel_cause DEFAULT NULL,
                             limited boolean DEFAULT false,
                             due_at timestamptz DEFAULT NULL,
-                            failures integer DEFAULT NULL)
+                            failures integer DEFAULT NULL,
+                            error jsonb DEFAULT NULL)
 RETURNS envq.envelope_state
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -747,6 +780,10 @@ BEGIN
            event = outcome, decision = finish.decision, cause = finish.cause,
            limited = coalesce(finish.limited, false), due_at = finish.due_at,
            failures = coalesce(finish.failures, e.failures), ended_token = e.lease_token,
+           last_error = coalesce(finish.error, e.last_error),
+           history = CASE WHEN finish.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, outcome, e.updated_at,
+                                          e.lease_owner, finish.error) END,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM envq.queues AS q
      WHERE e.seq = finish.seq AND q.name = e.queue AND e.state = 'running'
@@ -763,12 +800,13 @@ CREATE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
                                  outcomes envq.envelope_event[],
                                  decisions envq.decision_kind[],
                                  causes envq.cancel_cause[], delays double precision[],
-                                 failures integer[])
+                                 failures integer[], errors jsonb[])
 RETURNS TABLE (seq bigint, state envq.envelope_state)
 LANGUAGE sql AS $$
     WITH f AS MATERIALIZED (
-        SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
-                   AS u(seq, token, outcome, decision, cause, delay, failures)),
+        SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures,
+                             errors)
+                   AS u(seq, token, outcome, decision, cause, delay, failures, error)),
     -- Rows are locked in seq order, as a renewal locks them (no deadlock between two).
     locked AS MATERIALIZED (
         SELECT l.seq FROM envq.envelopes AS l
@@ -783,6 +821,10 @@ LANGUAGE sql AS $$
                              envq.next_due(e.schedule, e.interval_s, e.due_at,
                                            clock_timestamp())),
            failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
+           last_error = coalesce(f.error, e.last_error),
+           history = CASE WHEN f.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, f.outcome, e.updated_at,
+                                          e.lease_owner, f.error) END,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM f, locked, envq.queues AS q
      WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
@@ -798,7 +840,7 @@ CREATE FUNCTION envq.finish_and_claim(end_seqs bigint[], end_tokens uuid[],
                                       end_decisions envq.decision_kind[],
                                       end_causes envq.cancel_cause[],
                                       end_delays double precision[],
-                                      end_failures integer[],
+                                      end_failures integer[], end_errors jsonb[],
                                       queue_name text, owner text, how_many integer,
                                       lease interval)
 RETURNS SETOF envq.envelopes
@@ -810,8 +852,8 @@ BEGIN
     RETURN QUERY
     WITH f AS MATERIALIZED (
         SELECT * FROM unnest(end_seqs, end_tokens, end_outcomes, end_decisions, end_causes,
-                          end_delays, end_failures)
-                   AS u(seq, token, outcome, decision, cause, delay, failures)),
+                             end_delays, end_failures, end_errors)
+                   AS u(seq, token, outcome, decision, cause, delay, failures, error)),
     -- Rows are locked in seq order, as a renewal locks them (no deadlock between two).
     locked AS MATERIALIZED (
         SELECT l.seq FROM envq.envelopes AS l
@@ -826,6 +868,10 @@ BEGIN
                              envq.next_due(e.schedule, e.interval_s, e.due_at,
                                            clock_timestamp())),
            failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
+           last_error = coalesce(f.error, e.last_error),
+           history = CASE WHEN f.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, f.outcome, e.updated_at,
+                                          e.lease_owner, f.error) END,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM f, locked, envq.queues AS q
      WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
@@ -858,7 +904,8 @@ COMMENT ON FUNCTION envq.finish_and_claim IS
 CREATE FUNCTION envq.expire(seq bigint, token uuid,
                             decision envq.decision_kind DEFAULT NULL,
                             due_at timestamptz DEFAULT NULL,
-                            failures integer DEFAULT NULL)
+                            failures integer DEFAULT NULL,
+                            error jsonb DEFAULT NULL)
 RETURNS envq.envelope_state
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -869,6 +916,10 @@ BEGIN
                                         expire.decision, NULL, q.stop_mode, false),
            event = 'attempt_expired', decision = expire.decision, due_at = expire.due_at,
            failures = coalesce(expire.failures, e.failures), ended_token = NULL,
+           last_error = coalesce(expire.error, e.last_error),
+           history = CASE WHEN expire.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, 'attempt_expired', e.updated_at,
+                                          e.lease_owner, expire.error) END,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM envq.queues AS q
      WHERE e.seq = expire.seq AND q.name = e.queue AND e.state = 'running'

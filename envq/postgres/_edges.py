@@ -32,6 +32,7 @@ __all__ = [
     "CommitUnheard",
     "NeverFits",
     "StoreUnavailable",
+    "check_capacity",
     "check_dsn",
     "check_lease",
     "check_node_name",
@@ -301,4 +302,23 @@ async def check_room(
     if fresh and live + fresh > capacity:
         raise CapacityExceeded(
             f"queue {name!r}: no room for {fresh} envelope(s): {live} of {capacity} used"
+        )
+
+
+async def check_capacity(
+    conn: asyncpg.pool.PoolConnectionProxy[Any], name: str, count: int, capacity: int
+) -> None:
+    """Refuse ``count`` envelopes that do not fit the queue's ``capacity`` now
+    (:class:`CapacityExceeded`), under the lock of the queue's sends, from the kept
+    counts (an operator's retry: its batch is made of ended envelopes, its dedup done)."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", name)
+    live = await conn.fetchval(
+        "SELECT coalesce(sum(n), 0) FROM envq.counts WHERE queue = $1"
+        " AND state = ANY($2::envq.envelope_state[])",
+        name,
+        _LIVE,
+    )
+    if live + count > capacity:
+        raise CapacityExceeded(
+            f"queue {name!r}: no room for {count} envelope(s): {live} of {capacity} used"
         )

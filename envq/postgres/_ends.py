@@ -24,7 +24,8 @@ import attrs
 from envq._attempt import Runner, Worker
 from envq._envelope import Envelope
 from envq._errors import MaxRetriesExceeded
-from envq._machine import OUTCOMES, Action, DecisionKind, Kind, Outcome
+from envq._machine import OUTCOMES, Action, DecisionKind, EnvState, Kind, Outcome
+from envq._reports import ErrorInfo
 from envq._schedule import Timing
 from envq._values import Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
@@ -33,7 +34,17 @@ from envq.postgres._edges import lost
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["Decided", "Ended", "Reaper", "decide", "next_run", "report", "without_code"]
+__all__ = [
+    "Decided",
+    "Ended",
+    "Reaper",
+    "decide",
+    "error_json",
+    "next_run",
+    "report",
+    "spent",
+    "without_code",
+]
 
 log = logging.getLogger("envq.postgres")
 
@@ -67,7 +78,7 @@ SELECT envq.expire($1, $2, $3::envq.decision_kind,
                    coalesce(clock_timestamp() + $4::float8 * interval '1 second',
                             (SELECT envq.next_due(e.schedule, e.interval_s, e.due_at,
                                                   clock_timestamp())
-                               FROM envq.envelopes AS e WHERE e.seq = $1)), $5)
+                               FROM envq.envelopes AS e WHERE e.seq = $1)), $5, $6::jsonb)
 """
 
 
@@ -193,7 +204,7 @@ async def decide(
                 held = await hold()
                 if held is None:
                     return None
-                if held is Kind.BLACKLISTED:  # banned meanwhile: no hook, it ends
+                if held is not kind:  # relabelled meanwhile (banned, cancelled): no hook
                     return None, 0.0, failures
                 decision = await runner.on_failure(
                     w, env, cause, failures if failures is not None else attempt
@@ -212,6 +223,28 @@ async def decide(
             assert_never(action)
 
 
+def spent(env: Envelope, row: Row, outcome: Outcome, cause: _Cause) -> _Cause:
+    """The error an attempt's end reports: for a one-off failure whose retry policy
+    allows no more attempts (and no ``on_failure`` decides), ``MaxRetriesExceeded``
+    chained to the attempt's own error (as in one process); else that error."""
+    if OUTCOMES[(Kind(row["kind"]), outcome)].action is not Action.DECIDE:
+        return cause
+    retry, attempt = env.retry, int(row["attempt"])
+    if env.on_failure is not None or retry is None or retry.allows(attempt):
+        return cause
+    exhausted = MaxRetriesExceeded(f"{env.label()} failed {attempt} of {retry.attempts} attempts")
+    exhausted.__cause__ = cause
+    return exhausted
+
+
+def error_json(error: _Cause) -> str | None:
+    """An error as the row keeps it (``last_error``, an attempt of ``history``)."""
+    if error is None:
+        return None
+    info = ErrorInfo.of(error)
+    return json.dumps({"type": info.type, "message": info.message, "traceback": info.traceback})
+
+
 async def report(
     runner: Runner,
     name: str,
@@ -221,13 +254,17 @@ async def report(
     outcome: Outcome,
     cause: _Cause,
     ended: Ended,
+    dead_letter: Callable[[Envelope, _Cause], None] | None = None,
 ) -> None:
     """After an end committed: the hooks and log lines that report it, at most once
-    per committed end (never for one the database refused). An envelope whose type
-    was banned while it ran ends with no hook."""
+    per committed end (never for one the database refused): ``on_success``, a
+    report-only ``on_failure``, a spent retry policy's log line, and the dead letter of
+    an envelope that ended FAILED (``cause``: its error, ``MaxRetriesExceeded`` for a
+    spent policy). An envelope relabelled while it ran (banned, cancelled) ends with
+    no hook."""
     kind = Kind(ended.kind)
-    if kind is Kind.BLACKLISTED:
-        return
+    if dead_letter is not None and ended.state == EnvState.FAILED.value:
+        dead_letter(env, cause)
     action = OUTCOMES[(kind, outcome)].action
     match action:
         case Action.SUCCEED | Action.RESCHEDULE:
@@ -239,16 +276,8 @@ async def report(
                 number = int(row["failures"]) + 1 if periodic else int(row["attempt"])
                 await runner.on_failure(w, env, cause, number)
         case Action.DECIDE:
-            retry = env.retry
-            attempt = int(row["attempt"])
-            if env.on_failure is None and retry is not None and not retry.allows(attempt):
-                log.info(
-                    "queue %r: %s",
-                    name,
-                    MaxRetriesExceeded(
-                        f"{env.label()} failed {attempt} of {retry.attempts} attempts"
-                    ),
-                )
+            if isinstance(cause, MaxRetriesExceeded):
+                log.info("queue %r: %s", name, cause)
         case Action.DECIDE_PERIODIC | Action.END | Action.SHELVE | Action.BLACKLIST:
             pass
         case _:
@@ -263,7 +292,8 @@ class Reaper:
     :param name: the queue; ``node``: this node's lease owner (for the log).
     :param runner: the node's attempt runner (its hooks' budgets).
     :param epoch: the node's run, now; ``counts``: its counters (``reaped``);
-        ``wake``: tell the node something changed.
+        ``wake``: tell the node something changed; ``dead_letter``: hand it an
+        envelope its reaping ended FAILED (after the end committed).
     """
 
     def __init__(
@@ -274,8 +304,10 @@ class Reaper:
         epoch: Callable[[], int],
         counts: dict[str, int],
         wake: Callable[[], None],
+        dead_letter: Callable[[Envelope, _Cause], None] | None = None,
     ) -> None:
         self.name = name
+        self._dead_letter = dead_letter
         self._node = node
         self._runner = runner
         self._epoch = epoch
@@ -327,12 +359,15 @@ class Reaper:
             decision: str | None
             if dropped:
                 decision, delay, failures = DecisionKind.DROP.value, 0.0, None
-                ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
+                ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures, None)
                 self._reaped(seq, row, ended)
                 return
+            env: Envelope | None = None
+            kept: _Cause = None
             try:
                 env = decode(row)
             except Exception as error:  # its code is missing on this node
+                kept = error
                 kind_, delay, failures = without_code(
                     self.name,
                     self._node,
@@ -368,8 +403,13 @@ class Reaper:
                 assert decided is not None  # the hold above always holds
                 kind, delay, failures = decided
                 decision = None if kind is None else kind.value
-            ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures)
+                kept = spent(env, row, Outcome.EXPIRED, cause)
+            ended = await conn.fetchval(
+                _EXPIRE, seq, token, decision, delay, failures, error_json(kept)
+            )
         self._reaped(seq, row, ended)
+        if env is not None and ended == EnvState.FAILED.value and self._dead_letter is not None:
+            self._dead_letter(env, kept)
 
     def _reaped(self, seq: int, row: Row, ended: str | None) -> None:
         if ended is not None:

@@ -29,20 +29,33 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 import attrs
 
 from envq._attempt import Runner, Threads, Worker, expire_limits
+from envq._checks import is_async_callable
+from envq._config import DeadLetter
 from envq._envelope import Envelope
 from envq._machine import (
+    RELABEL,
     CancelCause,
     DecisionKind,
+    EnvEvent,
     EnvState,
     Kind,
     Outcome,
     QueueState,
 )
+from envq._notify import to_dead_letter
 from envq._timers import Deadlines
 from envq._values import HookTimeout
 from envq.postgres._codec import calendar, decode, fire_wait
 from envq.postgres._edges import MAX_NODE_NAME, lost
-from envq.postgres._ends import Ended, Reaper, decide, report, without_code
+from envq.postgres._ends import (
+    Ended,
+    Reaper,
+    decide,
+    error_json,
+    report,
+    spent,
+    without_code,
+)
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
@@ -80,10 +93,11 @@ class Host(Protocol):
 _FINISH_AND_CLAIM: Final = """
 SELECT * FROM envq.finish_and_claim($1::bigint[], $2::uuid[], $3::envq.envelope_event[],
                                     $4::envq.decision_kind[], $5::envq.cancel_cause[],
-                                    $6::float8[], $7::integer[], $8, $9, $10,
-                                    $11 * interval '1 second')
+                                    $6::float8[], $7::integer[], $8::jsonb[], $9, $10, $11,
+                                    $12 * interval '1 second')
 """
 _RUNNING: Final = EnvState.RUNNING.value
+_CANCELLED: Final = RELABEL[EnvEvent.CANCEL].value
 
 #: The keeper's due move: how many envelopes became due, and the seconds until the
 #: next DELAYED one is (None: none is).
@@ -229,6 +243,8 @@ class _Ending:
     #: FIXED_DELAY / FIXED_RATE schedule.
     delay: float | None
     failures: int | None
+    #: The error the attempt ended with, as JSON (``ErrorInfo``; None: none).
+    error: str | None
     give_up: float
     #: The end as committed; None: refused (the lease had expired); _GAVE_UP.
     done: asyncio.Future[Ended | str | None]
@@ -280,6 +296,7 @@ async def end_each(
             None,
             0.0,
             None,
+            e.error,
             e.give_up,
             e.done,
         )
@@ -332,6 +349,7 @@ class Node:
         lease: float,
         poll: float,
         hook_timeout: HookTimeout,
+        dead_letter: DeadLetter | None = None,
     ) -> None:
         self._host = host
         self.name = host.name
@@ -372,6 +390,7 @@ class Node:
             self._deadlines,
             self._abandoned,
         )
+        self._dead_letter_to = dead_letter
         self._reaper_of = Reaper(
             host.name,
             node,
@@ -379,12 +398,21 @@ class Node:
             lambda: self._epoch,
             self.counts_local,
             self._wake.set,
+            None if dead_letter is None else self._dead_letter,
         )
 
     @property
     def stuck_threads(self) -> int:
         """Threads still running a call the node stopped waiting for."""
         return self._runner.threads.stuck
+
+    def _dead_letter(self, env: Envelope, error: BaseException | None) -> None:
+        """Hand an envelope this node ended FAILED to the queue's ``dead_letter`` (after
+        the end committed; an ``async def`` one as a task)."""
+        hook = self._dead_letter_to
+        if hook is not None:
+            loop = asyncio.get_running_loop()
+            to_dead_letter(self.name, hook, is_async_callable(hook), env, error, loop)
 
     def wake(self) -> None:
         """Something changed: look at the queue now rather than at the next poll."""
@@ -602,22 +630,30 @@ class Node:
         # lease the statement was not asked to renew.
         known = list(self._flights.values())
         held = {
-            r[0]
+            r["token"]: r["kind"]
             for r in await db.fetch(
                 _RENEW, self.name, self.node, self.lease, [flight.token for flight in known]
             )
         }
         for flight in known:
+            kind = held.get(flight.token)
             # A flight whose body ended is committing its end, which cleared the lease.
-            if flight.token not in held and not flight.lost and not flight.freed:
+            if kind is None and not flight.lost and not flight.freed:
                 # The lease expired: another node may reap it; stop the work (once the
                 # attempt's code is over, its finish is refused by the fence instead).
                 flight.lost = True
-                w = flight.worker
-                if w.task is not None and w.cancellable and w.cancel_cause is None:
-                    w.cancel_cause = CancelCause.STOP
-                    w.owed = 1
-                    w.task.cancel()
+                self._stop(flight)
+            elif kind == _CANCELLED:
+                self._stop(flight)  # an operator cancelled it: its end is STOPPED anyway
+
+    @staticmethod
+    def _stop(flight: _Flight) -> None:
+        """Ask the attempt of ``flight`` to stop (its code, not its hooks)."""
+        w = flight.worker
+        if w.task is not None and w.cancellable and w.cancel_cause is None:
+            w.cancel_cause = CancelCause.STOP
+            w.owed = 1
+            w.task.cancel()
 
     async def _follow(self, db: asyncpg.Pool | _Conn) -> None:
         found = await db.fetchrow(
@@ -670,7 +706,7 @@ class Node:
                 kind, delay, failures = without_code(
                     self.name, self.node, row, outcome, missing, flight.claimed_at, None
                 )
-                await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
+                await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures, missing)
                 return
             decided = await decide(
                 self._runner,
@@ -689,9 +725,11 @@ class Node:
             if outcome is Outcome.STOP_TYPE and env.type:  # the ban commits with the end
                 await end_banning(self, row, env.type, flight.claimed_at)
                 return
-            ended = await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures)
+            kept = spent(env, row, outcome, cause)
+            ended = await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures, kept)
             if ended is not None:
-                await report(self._runner, self.name, w, env, row, outcome, cause, ended)
+                hand = None if self._dead_letter_to is None else self._dead_letter
+                await report(self._runner, self.name, w, env, row, outcome, kept, ended, hand)
         finally:
             self._free(flight)
             # The end may have been committed with a claim of the same envelope (a retry
@@ -714,10 +752,12 @@ class Node:
         cause: CancelCause | None,
         delay: float | None,
         failures: int | None,
+        error: BaseException | None,
     ) -> Ended | None:
         """End the attempt in the database (batched with the other attempts ending now,
-        one statement and one commit for all), fenced by its token; the end as
-        committed, or None when it was refused or never committed."""
+        one statement and one commit for all), fenced by its token, with the error it
+        ended with (kept as the envelope's story); the end as committed, or None when
+        it was refused or never committed."""
         row = flight.row
         ending = _Ending(
             row["seq"],
@@ -727,6 +767,7 @@ class Node:
             None if outcome is not Outcome.CANCELLED or cause is None else cause.value,
             delay,
             failures,
+            None if outcome is Outcome.OK else error_json(error),
             flight.claimed_at + self.lease * 4,
             asyncio.get_running_loop().create_future(),
         )
@@ -842,6 +883,7 @@ class Node:
                         [e.cause for e in batch],
                         [e.delay for e in batch],
                         [e.failures for e in batch],
+                        [e.error for e in batch],
                         self.name,
                         self.node,
                         how_many,
@@ -915,7 +957,7 @@ SELECT state::text FROM envq.finish_many(
     ARRAY[$1::bigint], ARRAY[$2::uuid],
     ARRAY['{event_label(Outcome.STOP_TYPE)}'::envq.envelope_event],
     ARRAY[NULL::envq.decision_kind], ARRAY[NULL::envq.cancel_cause],
-    ARRAY[0.0::float8], ARRAY[NULL::integer])
+    ARRAY[0.0::float8], ARRAY[NULL::integer], ARRAY[NULL::jsonb])
 """
 
 

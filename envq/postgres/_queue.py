@@ -41,6 +41,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 from envq import _checks
+from envq._config import DeadLetter
 from envq._entry import elsewhere, hand_over
 from envq._envelope import Envelope
 from envq._errors import (
@@ -88,6 +89,7 @@ from envq.postgres._edges import (
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
 from envq.postgres._node import CHANNEL, Node, _node_name, _returned, arm_calendars
+from envq.postgres._operator import PgOperatorCalls
 from envq.postgres.migrations import install as install_schema
 from envq.postgres.schema import event_label
 
@@ -155,7 +157,7 @@ ON CONFLICT DO NOTHING
 """
 
 
-class PgQueue:
+class PgQueue(PgOperatorCalls):
     """A named queue stored in PostgreSQL, with envq's lifecycle and outcome tables.
 
     :param dsn: the database (``postgresql://...``); never logged.
@@ -178,6 +180,9 @@ class PgQueue:
     :param hook_timeout: the hooks' time budgets.
     :param event_poll: seconds between reads of the journal while listeners are
         subscribed (see :meth:`subscribe`).
+    :param dead_letter: called as ``dead_letter(env, error)`` for every envelope that
+        ends FAILED on this node, with its last error (``MaxRetriesExceeded`` when its
+        retries ran out), once the end committed; plain or ``async def``.
     """
 
     def __init__(
@@ -193,6 +198,7 @@ class PgQueue:
         stop_mode: StopMode = StopMode.DRAIN,
         hook_timeout: HookTimeout | None = None,
         event_poll: float = 0.1,
+        dead_letter: DeadLetter | None = None,
     ) -> None:
         where = "PgQueue()"
         check_dsn(where, dsn)
@@ -213,6 +219,11 @@ class PgQueue:
         self.node = _node_name() if node is None else check_node_name(where, node)
         self.stop_mode = _checks.member(f"{where} stop_mode", stop_mode, StopMode)
         self.event_poll = _checks.seconds(f"{where} event_poll", event_poll, positive=True)
+        if dead_letter is not None:
+            _checks.callable_(f"{where} dead_letter", dead_letter)
+        #: Called as ``dead_letter(env, error)`` for every envelope that ends FAILED on
+        #: this node (after the end committed), as in one process.
+        self.dead_letter = dead_letter
         self._dsn = dsn
         self._pool: asyncpg.Pool | None = None
         #: The loop that opened the connections: every call runs there.
@@ -230,6 +241,7 @@ class PgQueue:
             self.lease,
             self.poll,
             hook_timeout or HookTimeout(),
+            dead_letter,
         )
         self._events = Follower(self, self.event_poll)
 

@@ -59,8 +59,10 @@ from typing import Final
 
 from envq._machine import (
     DISPATCHING,
+    KIND_OF,
     LIFECYCLE,
     LIVE_STATES,
+    RELABEL,
     CancelCause,
     DecisionKind,
     EnvEvent,
@@ -74,6 +76,7 @@ from envq._machine import (
     StopMode,
     target,
 )
+from envq._reports import STORY_LIMIT
 from envq._values import Schedule
 
 __all__ = [
@@ -341,10 +344,17 @@ BEGIN
                 MESSAGE = format('envq: envelope %s cannot move from queue %L to queue %L',
                                  OLD.seq, OLD.queue, NEW.queue);
         END IF;
-        IF NEW.kind IS DISTINCT FROM OLD.kind AND NEW.kind <> 'blacklisted' THEN
+        -- A running envelope's row group is relabelled (its type banned, an operator's
+        -- cancel); an operator's retry gives it its own group back.
+        IF NEW.kind IS DISTINCT FROM OLD.kind
+           AND NOT (OLD.state = '{running}' AND NEW.kind IN ({relabels}))
+           AND NOT (NEW.event IS NOT DISTINCT FROM '{retry}' AND NEW.kind IN ({own_kinds}))
+        THEN
             RAISE EXCEPTION USING ERRCODE = '{refused}',
                 MESSAGE = format('envq: envelope %s cannot change kind from %s to %s '
-                                 '(only to blacklisted)', OLD.seq, OLD.kind, NEW.kind);
+                                 '(only a running one is relabelled, to %s; a retry gives '
+                                 'it its own back)', OLD.seq, OLD.kind, NEW.kind,
+                                 '{relabels_text}');
         END IF;
         IF NEW.event IS NULL THEN
             IF NEW.state IS DISTINCT FROM OLD.state THEN
@@ -530,8 +540,24 @@ COMMENT ON FUNCTION envq.claim IS
     'Starts attempts: up to how_many READY envelopes of a dispatching queue, the longest '
     'ready first, skipping rows other claims hold, each RUNNING under a new lease.';
 
+CREATE FUNCTION envq.story(history jsonb, attempt integer, outcome envq.envelope_event,
+                           started timestamptz, node text, error jsonb)
+RETURNS jsonb
+LANGUAGE sql AS $$
+    -- The attempt appended (its error without the traceback: last_error keeps that),
+    -- the oldest dropped past {story_limit}.
+    SELECT CASE WHEN jsonb_array_length(h) > {story_limit} THEN h - 0 ELSE h END
+      FROM (SELECT coalesce(history, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                'attempt', attempt, 'outcome', outcome,
+                'started', extract(epoch FROM started)::float8,
+                'ended', extract(epoch FROM clock_timestamp())::float8,
+                'node', node, 'error', error - 'traceback')) AS h) AS s
+$$;
+COMMENT ON FUNCTION envq.story IS
+    'An envelope''s story with one more failed attempt (the latest {story_limit} kept).';
+
 CREATE FUNCTION envq.renew(queue text, owner text, lease interval, tokens uuid[])
-RETURNS SETOF uuid
+RETURNS TABLE (token uuid, kind envq.envelope_kind)
 LANGUAGE sql AS $$
     -- Rows are locked in seq order, as the ends lock theirs: a renewal and an end of
     -- the same attempts on two sessions cannot deadlock.
@@ -545,13 +571,14 @@ LANGUAGE sql AS $$
        SET lease_expires_at = greatest(e.lease_expires_at, clock_timestamp() + lease)
       FROM mine
      WHERE e.seq = mine.seq AND e.lease_expires_at > clock_timestamp()
-    RETURNING e.lease_token
+    RETURNING e.lease_token, e.kind
 $$;
 COMMENT ON FUNCTION envq.renew IS
     'Extends the leases of the attempts a node knows it holds (their tokens, under its '
-    'owner name) by lease, never shortening one; returns the tokens renewed. An expired '
-    'lease is not renewed: it is lost. A lease the node does not know of (a claim whose '
-    'reply it lost) is not renewed either: adopt() takes it, or it expires.';
+    'owner name) by lease, never shortening one; returns the tokens renewed with their '
+    'row groups (cancelled: an operator asked the attempt to stop). An expired lease is '
+    'not renewed: it is lost. A lease the node does not know of (a claim whose reply it '
+    'lost) is not renewed either: adopt() takes it, or it expires.';
 
 CREATE FUNCTION envq.adopt(queue_name text, owner text, known uuid[], lease interval)
 RETURNS SETOF envq.envelopes
@@ -585,7 +612,8 @@ CREATE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
                             cause envq.cancel_cause DEFAULT NULL,
                             limited boolean DEFAULT false,
                             due_at timestamptz DEFAULT NULL,
-                            failures integer DEFAULT NULL)
+                            failures integer DEFAULT NULL,
+                            error jsonb DEFAULT NULL)
 RETURNS envq.envelope_state
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -598,6 +626,10 @@ BEGIN
            event = outcome, decision = finish.decision, cause = finish.cause,
            limited = coalesce(finish.limited, false), due_at = finish.due_at,
            failures = coalesce(finish.failures, e.failures), ended_token = e.lease_token,
+           last_error = coalesce(finish.error, e.last_error),
+           history = CASE WHEN finish.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, outcome, e.updated_at,
+                                          e.lease_owner, finish.error) END,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM envq.queues AS q
      WHERE e.seq = finish.seq AND q.name = e.queue AND e.state = 'running'
@@ -614,7 +646,7 @@ CREATE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
                                  outcomes envq.envelope_event[],
                                  decisions envq.decision_kind[],
                                  causes envq.cancel_cause[], delays double precision[],
-                                 failures integer[])
+                                 failures integer[], errors jsonb[])
 RETURNS TABLE (seq bigint, state envq.envelope_state)
 LANGUAGE sql AS $$
 {finish_update}
@@ -628,7 +660,7 @@ CREATE FUNCTION envq.finish_and_claim(end_seqs bigint[], end_tokens uuid[],
                                       end_decisions envq.decision_kind[],
                                       end_causes envq.cancel_cause[],
                                       end_delays double precision[],
-                                      end_failures integer[],
+                                      end_failures integer[], end_errors jsonb[],
                                       queue_name text, owner text, how_many integer,
                                       lease interval)
 RETURNS SETOF envq.envelopes
@@ -652,7 +684,8 @@ COMMENT ON FUNCTION envq.finish_and_claim IS
 CREATE FUNCTION envq.expire(seq bigint, token uuid,
                             decision envq.decision_kind DEFAULT NULL,
                             due_at timestamptz DEFAULT NULL,
-                            failures integer DEFAULT NULL)
+                            failures integer DEFAULT NULL,
+                            error jsonb DEFAULT NULL)
 RETURNS envq.envelope_state
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -663,6 +696,10 @@ BEGIN
                                         expire.decision, NULL, q.stop_mode, false),
            event = '{expired}', decision = expire.decision, due_at = expire.due_at,
            failures = coalesce(expire.failures, e.failures), ended_token = NULL,
+           last_error = coalesce(expire.error, e.last_error),
+           history = CASE WHEN expire.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, '{expired}', e.updated_at,
+                                          e.lease_owner, expire.error) END,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM envq.queues AS q
      WHERE e.seq = expire.seq AND q.name = e.queue AND e.state = 'running'
@@ -749,8 +786,9 @@ _CLAIM_UPDATE: Final = """\
 
 _FINISH_UPDATE: Final = """\
     WITH f AS MATERIALIZED (
-        SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)
-                   AS u(seq, token, outcome, decision, cause, delay, failures)),
+        SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures,
+                             errors)
+                   AS u(seq, token, outcome, decision, cause, delay, failures, error)),
     -- Rows are locked in seq order, as a renewal locks them (no deadlock between two).
     locked AS MATERIALIZED (
         SELECT l.seq FROM envq.envelopes AS l
@@ -765,6 +803,10 @@ _FINISH_UPDATE: Final = """\
                              envq.next_due(e.schedule, e.interval_s, e.due_at,
                                            clock_timestamp())),
            failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
+           last_error = coalesce(f.error, e.last_error),
+           history = CASE WHEN f.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, f.outcome, e.updated_at,
+                                          e.lease_owner, f.error) END,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
       FROM f, locked, envq.queues AS q
      WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
@@ -784,9 +826,10 @@ def _leases() -> str:
         .replace(
             "{finish_update_rows}",
             _FINISH_UPDATE.replace(
-                "unnest(seqs, tokens, outcomes, decisions, causes, delays, failures)",
+                "unnest(seqs, tokens, outcomes, decisions, causes, delays, failures,\n"
+                "                             errors)",
                 "unnest(end_seqs, end_tokens, end_outcomes, end_decisions, end_causes,\n"
-                "                          end_delays, end_failures)",
+                "                             end_delays, end_failures, end_errors)",
             ).replace("RETURNING e.seq, e.state", "RETURNING e.*"),
         )
         .replace("{finish_update}", _FINISH_UPDATE)
@@ -800,6 +843,7 @@ def _leases() -> str:
         .replace("{buffered}", EnvState.BUFFERED.value)
         .replace("{parked}", EnvState.PARKED.value)
         .replace("{live}", _in(LIVE_STATES))
+        .replace("{story_limit}", str(STORY_LIMIT))
     )
 
 
@@ -1134,6 +1178,11 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         "    lease_token uuid,\n"
         "    lease_owner text,\n"
         "    lease_expires_at timestamptz,\n"
+        "    -- Its story: the last error an attempt ended with ({type, message,\n"
+        "    -- traceback}, bounded) and its failed attempts ([{attempt, outcome,\n"
+        "    -- started, ended, node, error}], the latest 20), kept across a retry.\n"
+        "    last_error jsonb,\n"
+        "    history jsonb,\n"
         "    -- The token of the attempt whose own node ended it last (NULL: reaped, or\n"
         "    -- none yet): a node that lost the reply of an end finds it committed here.\n"
         "    ended_token uuid,\n"
@@ -1161,15 +1210,23 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         " WHERE state = 'ready';\n"
         f"CREATE INDEX envelopes_due ON {SCHEMA}.envelopes (queue, due_at)"
         " WHERE state = 'delayed';\n"
+        "-- Ended envelopes by the time they ended: an operator's or the nodes' purge\n"
+        "-- by age reads this index alone.\n"
+        f"CREATE INDEX envelopes_ended ON {SCHEMA}.envelopes (queue, updated_at)"
+        f" WHERE state IN ({_in(discardable(decide))});\n"
         f"CREATE INDEX envelopes_leases ON {SCHEMA}.envelopes (lease_expires_at)"
         " WHERE state = 'running';\n",
         f"CREATE INDEX envelopes_owners ON {SCHEMA}.envelopes (lease_owner)"
         " WHERE state = 'running';\n",
         _SCHEDULES,
         "-- The triggers.\n",
-        _ENVELOPE_CHECK.replace("{refused}", REFUSED_ENVELOPE_MOVE).replace(
-            "{rejected}", REFUSED_CALL
-        ),
+        _ENVELOPE_CHECK.replace("{refused}", REFUSED_ENVELOPE_MOVE)
+        .replace("{rejected}", REFUSED_CALL)
+        .replace("{running}", EnvState.RUNNING.value)
+        .replace("{retry}", EnvEvent.RETRY.value)
+        .replace("{relabels}", ", ".join(_q(k.value) for k in RELABEL.values()))
+        .replace("{relabels_text}", " or ".join(k.value for k in RELABEL.values()))
+        .replace("{own_kinds}", ", ".join(_q(k.value) for k in KIND_OF.values())),
         _ENVELOPE_DELETE.replace("{refused}", REFUSED_ENVELOPE_MOVE)
         .replace("{discardable}", _in(discardable(decide)))
         .replace("{handed_back}", _handed_back().value),

@@ -494,10 +494,10 @@ async def test_a_flight_claimed_while_leases_are_renewed_is_not_taken_for_lost()
     q._flights[1] = old
 
     class Session:
-        async def fetch(self, sql: str, *args: object) -> list[tuple[uuid.UUID]]:
+        async def fetch(self, sql: str, *args: object) -> list[dict[str, object]]:
             assert "envq.renew" in sql
             q._flights[2] = new  # the claim's result arrives during the statement
-            return [(old.token,)]
+            return [{"token": old.token, "kind": "one_off"}]
 
     await q._renew(Session())  # type: ignore[arg-type]
     assert not old.lost

@@ -381,13 +381,14 @@ async def test_a_renewal_and_an_end_of_the_same_attempts_never_deadlock(pg_dsn: 
             ender.fetch(
                 "SELECT * FROM envq.finish_many($1::bigint[], $2::uuid[],"
                 " $3::envq.envelope_event[], $4::envq.decision_kind[],"
-                " $5::envq.cancel_cause[], $6::float8[], $7::integer[])",
+                " $5::envq.cancel_cause[], $6::float8[], $7::integer[], $8::jsonb[])",
                 seqs,
                 [tokens[s] for s in seqs],
                 ["attempt_ok"] * len(seqs),
                 [None] * len(seqs),
                 [None] * len(seqs),
                 [0.0] * len(seqs),
+                [None] * len(seqs),
                 [None] * len(seqs),
             )
         )

@@ -482,18 +482,23 @@ async def test_a_refused_move_names_the_state_the_event_and_the_target(pg_dsn: s
 
 @pytest.mark.real_clock
 async def test_an_envelope_stays_in_its_queue_and_its_kind(pg_dsn: str) -> None:
-    """Moving a row to another queue is refused; its kind changes only to blacklisted."""
+    """Moving a row to another queue is refused; its kind changes only while it runs,
+    to a relabelled group (blacklisted, cancelled)."""
     from pg_support import session  # noqa: PLC0415
 
     async with session(pg_dsn) as conn:
         seq = await _ready_envelope(conn, "a")
         await _ready_envelope(conn, "b")
-        for change in ("queue = 'b'", "kind = 'periodic'"):
+        for change in ("queue = 'b'", "kind = 'periodic'", "kind = 'blacklisted'"):
             with pytest.raises(asyncpg_error()) as caught:
                 async with conn.transaction():
                     await conn.execute(f"UPDATE envq.envelopes SET {change} WHERE seq = $1", seq)
             assert caught.value.sqlstate == REFUSED_ENVELOPE_MOVE  # type: ignore[attr-defined]
-        await conn.execute("UPDATE envq.envelopes SET kind = 'blacklisted' WHERE seq = $1", seq)
+        await conn.execute(
+            "UPDATE envq.envelopes SET state = 'running', event = 'dispatch' WHERE seq = $1", seq
+        )
+        for kind in ("blacklisted", "cancelled"):
+            await conn.execute("UPDATE envq.envelopes SET kind = $2 WHERE seq = $1", seq, kind)
 
 
 @pytest.mark.real_clock
