@@ -5,6 +5,17 @@ Subcommands::
     install            create envq's schema, or upgrade it (keeps every envelope)
     migrate            upgrade envq's schema to this release's version
     status             queues: lifecycle state, capacity, envelopes per state, nodes
+    list               envelopes by queue, state, type, id (a page at a time)
+    show ID            one envelope: its row, its last error, its failed attempts
+    retry ID...        send envelopes that ended FAILED or STOPPED back
+    cancel ID...       cancel live envelopes (a running one is asked to stop)
+    purge --older-than AGE
+                       remove ended envelopes that ended before AGE ago
+
+An ID is an envelope's ``id`` as JSON (``42``, ``"order-7"``; a bare word is a string),
+or, with ``--seq``, its row's number (``list`` shows both). ``retry`` and ``cancel``
+are the calls of ``PgQueue`` (:meth:`~envq.postgres.PgQueue.retry`,
+:meth:`~envq.postgres.PgQueue.cancel`): moves of the tables the database checks.
 
 The database is ``--dsn`` or ``$ENVQ_DSN`` (the environment keeps it out of the process
 list); no output ever shows its password. ``--json`` prints machine-readable output.
@@ -24,9 +35,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn, TextIO
 
-from envq.postgres._edges import check_dsn, redact, unreachable
+from envq._errors import EnvqError
+from envq.postgres._edges import StoreUnavailable, check_dsn, redact, unreachable
 from envq.postgres.migrations import check, install, installed, steps
-from envq.postgres.schema import SCHEMA_VERSION
+from envq.postgres.schema import SCHEMA_VERSION, STORED_STATES
 
 __all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
 
@@ -40,6 +52,10 @@ EXIT_UNREACHABLE: Final = 3
 
 class _Refused(Exception):
     """What the command was asked cannot be done (exit 1)."""
+
+
+class _Usage(Exception):
+    """A bad argument found after parsing (exit 2)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,7 +92,75 @@ def _parser() -> argparse.ArgumentParser:
         "nodes holding leases.",
     )
     status.add_argument("--queue", help="only this queue")
+    listing = sub.add_parser(
+        "list",
+        parents=[common],
+        help="envelopes by queue, state, type and id",
+        description="Envelopes, in row order, a page at a time (--after the last seq seen).",
+    )
+    listing.add_argument("--queue", help="only this queue")
+    listing.add_argument(
+        "--state", action="append", choices=_STATES, help="only this state (repeatable)"
+    )
+    listing.add_argument("--type", help="only this envelope type")
+    listing.add_argument("--id", help="only this id (JSON, or a bare word)")
+    listing.add_argument("--after", type=int, default=0, help="rows after this seq")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (1-10000)")
+    show = sub.add_parser(
+        "show",
+        parents=[common],
+        help="one envelope, its last error and its failed attempts",
+        description="One envelope's row (the latest with this id), its payload, its last "
+        "error with the traceback, and its failed attempts.",
+    )
+    show.add_argument("key", metavar="ID", help="its id (JSON, or a bare word), or its seq")
+    show.add_argument("--seq", action="store_true", help="ID is the row's seq")
+    show.add_argument("--queue", help="the queue (needed when several hold the id)")
+    for name, what in (
+        ("retry", "send envelopes that ended FAILED or STOPPED back"),
+        ("cancel", "cancel live envelopes (a running one is asked to stop)"),
+    ):
+        act = sub.add_parser(name, parents=[common], help=what, description=what + ".")
+        act.add_argument("keys", metavar="ID", nargs="+", help="ids (JSON, or bare words)")
+        act.add_argument("--seq", action="store_true", help="the IDs are rows' seqs")
+        act.add_argument("--queue", required=True, help="the queue")
+    purge = sub.add_parser(
+        "purge",
+        parents=[common],
+        help="remove ended envelopes older than an age",
+        description="Remove the envelopes that ended (SUCCEEDED, FAILED, STOPPED) before "
+        "the age given (e.g. 7d, 12h, 30m, 90s).",
+    )
+    purge.add_argument("--older-than", required=True, type=_age, help="an age: 7d, 12h, 90s")
+    purge.add_argument("--queue", help="only this queue (default: every queue)")
     return parser
+
+
+#: The states ``list`` filters by.
+_STATES: Final = [s.value for s in STORED_STATES]
+
+
+def _age(text: str) -> float:
+    """An age as ``<number><unit>`` (s, m, h, d), in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units:
+        number, unit = text, "s"
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an age: {text!r} (e.g. 7d, 12h, 30m, 90s)") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"not an age: {text!r}")
+    return seconds
+
+
+def _key(text: str) -> object:
+    """An id as an operator types it: JSON, or a bare word as a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _dsn(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
@@ -185,11 +269,181 @@ async def _status(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
     _say(out, args, {"queues": queues}, "\n".join(lines) or "no queues")
 
 
-_COMMANDS: Final = {"install": _install, "migrate": _migrate, "status": _status}
+_LIST: Final = """
+SELECT e.seq, e.queue, e.id, e.type, e.state::text AS state, e.attempt, e.updated_at,
+       e.last_error ->> 'type' AS error
+  FROM envq.envelopes AS e
+ WHERE ($1::text IS NULL OR e.queue = $1) AND ($2::text[] IS NULL OR e.state::text = ANY($2))
+   AND ($3::text IS NULL OR e.type = $3) AND ($4::jsonb IS NULL OR e.id = $4)
+   AND e.seq > $5
+ ORDER BY e.seq
+ LIMIT $6
+"""
+
+
+async def _list(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
+    check(await installed(conn), "list")
+    if not 1 <= args.limit <= 10_000:
+        raise _Usage(f"--limit must be from 1 to 10000, got {args.limit}")
+    ident = None if args.id is None else json.dumps(_key(args.id))
+    rows = await conn.fetch(_LIST, args.queue, args.state, args.type, ident, args.after, args.limit)
+    found = [
+        {
+            "seq": r["seq"],
+            "queue": r["queue"],
+            "id": None if r["id"] is None else json.loads(r["id"]),
+            "type": r["type"],
+            "state": r["state"],
+            "attempt": r["attempt"],
+            "updated_at": r["updated_at"].isoformat(),
+            "error": r["error"],
+        }
+        for r in rows
+    ]
+    lines = [
+        f"{e['seq']:>8}  {e['queue']}  {e['state']:<9}  attempt {e['attempt']}  "
+        f"id {json.dumps(e['id'])}  type {e['type'] or '-'}  {e['updated_at']}"
+        + (f"  error {e['error']}" if e["error"] else "")
+        for e in found
+    ]
+    _say(out, args, {"envelopes": found}, "\n".join(lines) or "no envelopes")
+
+
+async def _show(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
+    check(await installed(conn), "show")
+    if args.seq:
+        seq = _seq(args.key)
+        rows = await conn.fetch("SELECT * FROM envq.envelopes WHERE seq = $1", seq)
+    else:
+        rows = await conn.fetch(
+            "SELECT DISTINCT ON (queue) * FROM envq.envelopes WHERE id = $1::jsonb"
+            " AND ($2::text IS NULL OR queue = $2) ORDER BY queue, seq DESC",
+            json.dumps(_key(args.key)),
+            args.queue,
+        )
+    if not rows:
+        raise _Refused(
+            f"no envelope {args.key}" + (f" in queue {args.queue!r}" if args.queue else "")
+        )
+    if len(rows) > 1:
+        queues = ", ".join(repr(r["queue"]) for r in rows)
+        raise _Refused(f"envelope {args.key} is in several queues ({queues}): give --queue")
+    r = rows[0]
+    data = {
+        "seq": r["seq"],
+        "queue": r["queue"],
+        "id": None if r["id"] is None else json.loads(r["id"]),
+        "type": r["type"],
+        "state": r["state"],
+        "kind": r["kind"],
+        "attempt": r["attempt"],
+        "invoke": r["invoke"],
+        "payload": None if r["payload"] is None else json.loads(r["payload"]),
+        "created_at": r["created_at"].isoformat(),
+        "updated_at": r["updated_at"].isoformat(),
+        "due_at": None if r["due_at"] is None else r["due_at"].isoformat(),
+        "lease_owner": r["lease_owner"],
+        "last_error": None if r["last_error"] is None else json.loads(r["last_error"]),
+        "history": [] if r["history"] is None else json.loads(r["history"]),
+    }
+    lines = [
+        f"{k}: {json.dumps(v) if k in ('id', 'payload') else v}"
+        for k, v in data.items()
+        if k not in ("last_error", "history")
+    ]
+    error = data["last_error"]
+    if error:
+        lines += ["last error:", f"  {error['type']}: {error['message']}"]
+        lines += ["  " + line for line in error["traceback"].rstrip().splitlines()]
+    for h in data["history"]:
+        what = "" if not h.get("error") else f" {h['error']['type']}: {h['error']['message']}"
+        lines.append(f"attempt {h['attempt']} {h['outcome']} on {h['node']}{what}")
+    _say(out, args, data, "\n".join(lines))
+
+
+def _seq(text: str) -> int:
+    try:
+        seq = int(text)
+    except ValueError:
+        raise _Usage(f"a seq is a positive integer, got {text!r}") from None
+    if seq < 1:
+        raise _Usage(f"a seq is a positive integer, got {text!r}")
+    return seq
+
+
+async def _act(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
+    """retry / cancel through PgQueue: the same calls as the Python API."""
+    check(await installed(conn), args.command)
+    if not await conn.fetchval(
+        "SELECT EXISTS (SELECT FROM envq.queues WHERE name = $1)", args.queue
+    ):
+        raise _Refused(f"no queue named {args.queue!r}")
+    from envq.postgres._queue import PgQueue  # noqa: PLC0415
+
+    queue = PgQueue(args.dsn_resolved, args.queue, workers=0)
+    await queue.connect()
+    try:
+        call = queue.retry if args.command == "retry" else queue.cancel
+        if args.seq:
+            done = await call(seqs=[_seq(k) for k in args.keys])
+        else:
+            done = await call(*(_key(k) for k in args.keys))
+    finally:
+        await queue.close()
+    verb = "sent back" if args.command == "retry" else "cancelled"
+    _say(out, args, {args.command: done}, f"{done} envelope(s) {verb}")
+    if done == 0:
+        raise _Refused(f"no envelope {verb} (none named is in a state it may leave so)")
+
+
+async def _purge(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
+    check(await installed(conn), "purge")
+    names = (
+        [args.queue]
+        if args.queue
+        else [r[0] for r in await conn.fetch("SELECT name FROM envq.queues ORDER BY name")]
+    )
+    if args.queue and not await conn.fetchval(
+        "SELECT EXISTS (SELECT FROM envq.queues WHERE name = $1)", args.queue
+    ):
+        raise _Refused(f"no queue named {args.queue!r}")
+    from envq.postgres._queue import PgQueue  # noqa: PLC0415
+
+    removed: dict[str, int] = {}
+    for name in names:
+        queue = PgQueue(args.dsn_resolved, name, workers=0)
+        await queue.connect()
+        try:
+            removed[name] = await queue.purge(args.older_than)
+        finally:
+            await queue.close()
+    text = "\n".join(f"{name}: {n} removed" for name, n in removed.items()) or "no queues"
+    _say(out, args, {"removed": removed}, text)
+
+
+_COMMANDS: Final = {
+    "install": _install,
+    "migrate": _migrate,
+    "status": _status,
+    "list": _list,
+    "show": _show,
+    "retry": _act,
+    "cancel": _act,
+    "purge": _purge,
+}
+
+
+class _Unreachable(Exception):
+    """The database cannot be reached (exit 3)."""
 
 
 async def _main(dsn: str, args: argparse.Namespace, out: TextIO) -> None:
-    conn = await _connect(dsn)
+    import asyncpg  # noqa: PLC0415
+
+    try:
+        conn = await _connect(dsn)
+    except unreachable(asyncpg) as error:
+        raise _Unreachable(f"{type(error).__name__}: {error}") from None
     try:
         await _COMMANDS[args.command](conn, args, out)
     finally:
@@ -201,16 +455,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     parser = _parser()
     args = parser.parse_args(argv)
-    dsn = _dsn(parser, args)
+    dsn = args.dsn_resolved = _dsn(parser, args)
     try:
         import asyncpg  # noqa: PLC0415
     except ImportError:
         _fail(EXIT_USAGE, "envq.postgres needs asyncpg: pip install 'envq[postgres]'")
     try:
         asyncio.run(_main(dsn, args, out))
-    except (_Refused, RuntimeError) as error:
+    except _Usage as error:
+        _fail(EXIT_USAGE, redact(dsn, str(error)))
+    except (_Unreachable, StoreUnavailable) as error:
+        _fail(EXIT_UNREACHABLE, f"cannot reach the database: {redact(dsn, str(error))}")
+    except (_Refused, RuntimeError, EnvqError, TypeError, ValueError) as error:
         _fail(EXIT_REFUSED, redact(dsn, str(error)))
-    except unreachable(asyncpg) as error:
+    except unreachable(asyncpg) as error:  # lost in the middle of a command
         reason = redact(dsn, f"{type(error).__name__}: {error}")
         _fail(EXIT_UNREACHABLE, f"cannot reach the database: {reason}")
     return 0

@@ -187,3 +187,106 @@ def test_the_command_runs_as_a_module_with_the_dsn_from_the_environment(
     )
     assert done.returncode == 0, done.stderr
     assert f"version {SCHEMA_VERSION}" in done.stdout
+
+
+# -- looking and acting --------------------------------------------------------------------
+
+
+def _node_run(dsn: str, queue: str, envelopes: list[object], until: str) -> None:
+    """Send ``envelopes`` to ``queue`` on a node of this process and run it until its
+    counts hold ``until`` (a state present)."""
+    import pg_jobs  # noqa: PLC0415
+
+    from envq.postgres import PgQueue  # noqa: PLC0415
+
+    async def run() -> None:
+        q = PgQueue(dsn, queue, workers=2, lease=2.0, poll=0.05)
+        async with q:
+            await q.start()
+            await q.send(*envelopes)  # type: ignore[arg-type]
+            from fault_support import until as wait_until  # noqa: PLC0415
+
+            async def reached() -> bool:
+                return until in await q.counts()
+
+            await wait_until(reached, f"a {until} envelope", timeout=30)
+            await q.stop()
+
+    del pg_jobs
+    asyncio.run(run())
+
+
+def test_list_show_retry_cancel_and_purge(pg_server: ThrowawayServer) -> None:
+    import pg_jobs  # noqa: PLC0415
+
+    import envq  # noqa: PLC0415
+
+    dsn = _database(pg_server, render())
+    _node_run(
+        dsn,
+        "ops",
+        [
+            envq.Envelope(invoke=pg_jobs.fail, id="broken", type="mail"),
+            envq.Envelope(invoke=pg_jobs.noop, id=7, delay=600),
+        ],
+        "failed",
+    )
+    code, out = _run("list", "--dsn", dsn, "--queue", "ops", "--json")
+    assert code == 0
+    found = {e["id"]: e for e in json.loads(out)["envelopes"]}
+    assert found["broken"]["state"] == "failed"
+    assert found["broken"]["error"] == "builtins.RuntimeError"
+    assert found[7]["state"] == "parked"  # the stop parked the delayed one
+    code, out = _run("list", "--dsn", dsn, "--state", "failed", "--type", "mail")
+    assert code == 0
+    assert "broken" in out
+    assert "parked" not in out
+    code, out = _run("list", "--dsn", dsn, "--id", "7", "--json")
+    assert [e["id"] for e in json.loads(out)["envelopes"]] == [7]
+    # show: the row, the last error with its traceback, the failed attempt
+    code, out = _run("show", "broken", "--dsn", dsn)
+    assert code == 0
+    assert "state: failed" in out
+    assert "RuntimeError: broken fails" in out
+    assert "Traceback (most recent call last)" in out
+    assert "attempt 1 attempt_error" in out
+    code, out = _run("show", str(found["broken"]["seq"]), "--seq", "--dsn", dsn, "--json")
+    shown = json.loads(out)
+    assert shown["last_error"]["type"] == "builtins.RuntimeError"
+    assert len(shown["history"]) == 1
+    # retry needs the queue running (as a send); cancel works on the parked one
+    assert _run("retry", "broken", "--queue", "ops", "--dsn", dsn)[0] == EXIT_REFUSED
+    assert _run("cancel", "7", "--queue", "ops", "--dsn", dsn) == (
+        0,
+        "1 envelope(s) cancelled\n",
+    )
+    _sql(dsn, "UPDATE envq.queues SET state = 'running', call = 'start' WHERE name = 'ops'")
+    assert _run("retry", "broken", "--queue", "ops", "--dsn", dsn) == (
+        0,
+        "1 envelope(s) sent back\n",
+    )
+    code, out = _run("show", "broken", "--dsn", dsn, "--json")
+    assert json.loads(out)["state"] == "ready"
+    # purge: nothing ended an hour ago; everything ended before now
+    code, out = _run("purge", "--older-than", "1h", "--dsn", dsn, "--json")
+    assert json.loads(out) == {"removed": {"ops": 0}}
+    code, out = _run("purge", "--older-than", "0s", "--queue", "ops", "--dsn", dsn)
+    assert out == "ops: 1 removed\n"  # the cancelled one (STOPPED); the retried is live
+
+
+def test_show_and_act_refuse_what_is_not_there(
+    pg_server: ThrowawayServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsn = _database(pg_server, render())
+    _sql(dsn, "INSERT INTO envq.queues (name) VALUES ('q')")
+    assert _run("show", "nope", "--dsn", dsn)[0] == EXIT_REFUSED
+    assert "no envelope nope" in capsys.readouterr().err
+    assert _run("show", "x", "--seq", "--dsn", dsn)[0] == EXIT_USAGE
+    assert _run("retry", "a", "--queue", "missing", "--dsn", dsn)[0] == EXIT_REFUSED
+    assert "no queue named 'missing'" in capsys.readouterr().err
+    assert _run("cancel", "a", "--queue", "q", "--dsn", dsn)[0] == EXIT_REFUSED
+    assert "no envelope cancelled" in capsys.readouterr().err
+    assert _run("list", "--limit", "0", "--dsn", dsn)[0] == EXIT_USAGE
+    assert _run("list", "--state", "bogus", "--dsn", dsn)[0] == EXIT_USAGE
+    assert _run("purge", "--older-than", "soon", "--dsn", dsn)[0] == EXIT_USAGE
+    assert _run("retry", "--queue", "q", "--dsn", dsn)[0] == EXIT_USAGE  # no ID
