@@ -30,11 +30,14 @@ from envq._schedule import Timing
 from envq._values import Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
 from envq.postgres._edges import lost
+from envq.postgres.schema import discardable
 
 if TYPE_CHECKING:
     import asyncpg
 
 __all__ = [
+    "RETIRE_BATCH",
+    "RETIRE_EVERY",
     "Decided",
     "Ended",
     "Reaper",
@@ -53,6 +56,25 @@ Row = Any
 #: A pooled connection, as the pool lends it.
 _Conn: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
 _Cause: TypeAlias = BaseException | None
+#: How often a node applies the queue's retention, and how many rows a statement of it
+#: removes at most (a backlog of old rows goes a batch a minute per node).
+RETIRE_EVERY: Final = 60.0
+RETIRE_BATCH: Final = 10_000
+_ENDED_STATES: Final = [state.value for state in discardable()]
+_RETIRE_ENVELOPES: Final = """
+DELETE FROM envq.envelopes WHERE seq IN (
+    SELECT seq FROM envq.envelopes
+     WHERE queue = $1 AND state = ANY($2::envq.envelope_state[])
+       AND updated_at < clock_timestamp() - $3 * interval '1 second'
+     LIMIT $4 FOR UPDATE SKIP LOCKED)
+"""
+_RETIRE_JOURNAL: Final = """
+DELETE FROM envq.journal WHERE n IN (
+    SELECT n FROM envq.journal
+     WHERE queue = $1 AND at < clock_timestamp() - $2 * interval '1 second'
+     ORDER BY n LIMIT $3 FOR UPDATE SKIP LOCKED)
+"""
+
 #: What a node decides of an attempt's end: the failure decision (None: the row's own
 #: target), the seconds to the next run (None: the database computes it from the
 #: row's FIXED_DELAY / FIXED_RATE schedule), and the failures in a row of a periodic
@@ -422,3 +444,15 @@ class Reaper:
                 ended,
             )
             self._wake()
+
+    async def retire(self, conn: _Conn, age: float) -> None:
+        """Remove one batch of the queue's ended envelopes, and of its journal's rows,
+        older than ``age`` seconds: off the hot path, a statement each a minute per
+        node (rows another node is removing are skipped, not waited for)."""
+        envelopes = await conn.execute(
+            _RETIRE_ENVELOPES, self.name, _ENDED_STATES, age, RETIRE_BATCH
+        )
+        journal = await conn.execute(_RETIRE_JOURNAL, self.name, age, RETIRE_BATCH)
+        removed = int(envelopes.rsplit(" ", 1)[-1]) + int(journal.rsplit(" ", 1)[-1])
+        if removed:
+            log.info("queue %r: retention removed %d rows older than %g s", self.name, removed, age)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import socket
 import time
@@ -48,6 +49,7 @@ from envq._values import HookTimeout
 from envq.postgres._codec import calendar, decode, fire_wait
 from envq.postgres._edges import MAX_NODE_NAME, lost
 from envq.postgres._ends import (
+    RETIRE_EVERY,
     Ended,
     Reaper,
     decide,
@@ -350,6 +352,7 @@ class Node:
         poll: float,
         hook_timeout: HookTimeout,
         dead_letter: DeadLetter | None = None,
+        retention: float | None = None,
     ) -> None:
         self._host = host
         self.name = host.name
@@ -391,6 +394,8 @@ class Node:
             self._abandoned,
         )
         self._dead_letter_to = dead_letter
+        #: Seconds an ended envelope (and a journal row) is kept; None: for ever.
+        self.retention = retention
         self._reaper_of = Reaper(
             host.name,
             node,
@@ -607,14 +612,19 @@ class Node:
 
     async def _reaper(self) -> None:
         """End the attempts whose lease expired, on any node, on a task of its own: a
-        reaped attempt's ``on_failure`` may take its whole budget."""
+        reaped attempt's ``on_failure`` may take its whole budget. Now and then, remove
+        what the queue's retention no longer keeps (:meth:`Reaper.retire`)."""
         import asyncpg  # noqa: PLC0415
 
         period = min(self.lease / 3, self.poll)
+        retired = -math.inf
         while True:
             try:
                 async with self._host._session() as conn:
                     await self._reaper_of.reap(conn)
+                    if self.retention is not None and time.monotonic() - retired >= RETIRE_EVERY:
+                        retired = time.monotonic()
+                        await self._reaper_of.retire(conn, self.retention)
             except asyncio.CancelledError:
                 raise
             except lost(asyncpg, asyncpg.PostgresError) as error:

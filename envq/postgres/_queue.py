@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -114,6 +115,9 @@ Row = Any
 
 log = logging.getLogger("envq.postgres")
 
+#: How long a queue keeps its ended envelopes and its journal's rows by default.
+RETENTION: Final = dt.timedelta(days=7)
+
 
 #: The envelope events a lifecycle action applies to every live envelope of the
 #: queue (each moves where the tables lead; RUNNING ones are left to their attempts).
@@ -180,6 +184,10 @@ class PgQueue(PgOperatorCalls):
     :param hook_timeout: the hooks' time budgets.
     :param event_poll: seconds between reads of the journal while listeners are
         subscribed (see :meth:`subscribe`).
+    :param retention: how long an ended envelope (SUCCEEDED, FAILED, STOPPED) and a row
+        of the event journal are kept (seconds or a timedelta; default 7 days; None: for
+        ever): this process's node removes older ones, a batch a minute, off the hot
+        path. Set it on every node of the queue (the shortest wins).
     :param dead_letter: called as ``dead_letter(env, error)`` for every envelope that
         ends FAILED on this node, with its last error (``MaxRetriesExceeded`` when its
         retries ran out), once the end committed; plain or ``async def``.
@@ -199,6 +207,7 @@ class PgQueue(PgOperatorCalls):
         hook_timeout: HookTimeout | None = None,
         event_poll: float = 0.1,
         dead_letter: DeadLetter | None = None,
+        retention: float | dt.timedelta | None = RETENTION,
     ) -> None:
         where = "PgQueue()"
         check_dsn(where, dsn)
@@ -224,6 +233,12 @@ class PgQueue(PgOperatorCalls):
         #: Called as ``dead_letter(env, error)`` for every envelope that ends FAILED on
         #: this node (after the end committed), as in one process.
         self.dead_letter = dead_letter
+        #: Seconds an ended envelope and a journal row are kept (None: for ever).
+        self.retention = (
+            None
+            if retention is None
+            else _checks.seconds(f"{where} retention", retention, timedelta=True, positive=True)
+        )
         self._dsn = dsn
         self._pool: asyncpg.Pool | None = None
         #: The loop that opened the connections: every call runs there.
@@ -242,6 +257,7 @@ class PgQueue(PgOperatorCalls):
             self.poll,
             hook_timeout or HookTimeout(),
             dead_letter,
+            self.retention,
         )
         self._events = Follower(self, self.event_poll)
 

@@ -196,7 +196,7 @@ class TestDiscardAndPurge:
 
 
 async def _count_is(q: PgQueue, state: str, n: int) -> bool:
-    return (await q.counts()).get(state) == n
+    return (await q.counts()).get(state, 0) == n
 
 
 class TestDeadLetter:
@@ -220,3 +220,46 @@ class TestDeadLetter:
     def test_a_dead_letter_that_is_not_callable_is_refused(self) -> None:
         with pytest.raises(TypeError, match="dead_letter"):
             PgQueue("postgresql://u@/d", "q", dead_letter="nope")  # type: ignore[arg-type]
+
+
+class TestRetention:
+    async def test_a_node_removes_what_the_retention_no_longer_keeps(
+        self, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Ended envelopes and journal rows older than the retention go; live ones and
+        younger ones stay."""
+        from envq.postgres import _node  # noqa: PLC0415
+
+        monkeypatch.setattr(_node, "RETIRE_EVERY", 0.1)
+        async with _queue(pg_dsn, retention=0.5) as q:
+            q.subscribe(lambda event: None)  # the journal on
+            await q.send(
+                *(envq.Envelope(invoke=pg_jobs.noop, id=f"kept{i}") for i in range(3)),
+                envq.Envelope(invoke=pg_jobs.noop, id="waits", delay=100),
+            )
+            await _until(lambda: _count_is(q, "succeeded", 3), "the three to succeed")
+            journal_before = await _journal_rows(q)
+            assert journal_before > 0
+            await _until(lambda: _count_is(q, "succeeded", 0), "the retention")
+            assert await q.counts() == {"delayed": 1}
+            await _until(lambda: _journal_empty_of_old(q), "the journal's retention")
+
+    def test_retention_is_checked(self) -> None:
+        with pytest.raises(ValueError, match="retention"):
+            PgQueue("postgresql://u@/d", "q", retention=0)
+        with pytest.raises(TypeError, match="retention"):
+            PgQueue("postgresql://u@/d", "q", retention="7d")  # type: ignore[arg-type]
+        assert PgQueue("postgresql://u@/d", "q", retention=None).retention is None
+        assert PgQueue("postgresql://u@/d", "q").retention == 7 * 86400
+
+
+async def _journal_rows(q: PgQueue) -> int:
+    return int(await q._db().fetchval("SELECT count(*) FROM envq.journal WHERE queue = $1", q.name))
+
+
+async def _journal_empty_of_old(q: PgQueue) -> bool:
+    return not await q._db().fetchval(
+        "SELECT count(*) FROM envq.journal WHERE queue = $1"
+        " AND at < clock_timestamp() - interval '2 seconds'",
+        q.name,
+    )

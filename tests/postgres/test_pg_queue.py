@@ -215,6 +215,8 @@ class TestOutcomes:
         async with opened(pg_dsn, qname) as queue:
             await queue.start()
             policy = envq.Retry(attempts=3, base=0.01, jitter=False)
+            for key in ("r1", "r2"):  # another test of this process may have run them
+                pg_jobs.SEEN.pop(key, None)
             await queue.send(
                 envq.Envelope(invoke=pg_jobs.fail, id="r1", retry=policy),
                 envq.Envelope(invoke=pg_jobs.fail_twice, id="r2", retry=policy),
