@@ -44,6 +44,7 @@ from envq._errors import (
     QueueShuttingDown,
     QueueStopping,
     QueueTerminated,
+    SendTimeout,
     StopEnvelope,
     StopType,
     TypeBlacklisted,
@@ -59,6 +60,7 @@ from envq._limits import (
 from envq._machine import EnvState, Kind, Outcome, QueueState
 from envq._metrics import MetricsServer, PrometheusMetrics, prometheus_metrics, serve_metrics
 from envq._otel import otel_stamp
+from envq._protocol import Count, Done, QueueProtocol
 from envq._queue import Attempt, Queue, current_attempt
 from envq._reports import Event, LiveEnvelope, StopReport
 from envq._schedule import Cron, Timing
@@ -92,9 +94,11 @@ __all__ = [
     "BadEnvelopeType",
     "BadIntervals",
     "CapacityExceeded",
+    "Count",
     "Cron",
     "Decision",
     "DoNotRetry",
+    "Done",
     "EnvState",
     "Envelope",
     "EnvqError",
@@ -114,6 +118,7 @@ __all__ = [
     "PrometheusMetrics",
     "Queue",
     "QueueNotRunning",
+    "QueueProtocol",
     "QueueShuttingDown",
     "QueueState",
     "QueueStopping",
@@ -122,6 +127,7 @@ __all__ = [
     "Rejection",
     "Retry",
     "Schedule",
+    "SendTimeout",
     "Stamp",
     "Statistics",
     "StopEnvelope",

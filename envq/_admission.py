@@ -25,8 +25,10 @@ from envq._errors import (
     BadEnvelopeType,
     CapacityExceeded,
     EnvqError,
+    SendTimeout,
     TypeBlacklisted,
 )
+from envq._listeners import Listeners
 from envq._machine import (
     INITIAL,
     KIND_OF,
@@ -74,6 +76,8 @@ class Admission:
     :param first_delay: seconds an envelope waits before its first run.
     :param send_row: the lifecycle row of a send in the queue's current state.
     :param refuse_state: raise the error of a rejecting send row.
+    :param listeners: the queue's listeners (a batch's events reach them once it is
+        admitted whole).
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class Admission:
         first_delay: Callable[[Envelope], float],
         send_row: Callable[[], LifeRow],
         refuse_state: Callable[[LifeRow, Sequence[Envelope]], object],
+        listeners: Listeners,
     ) -> None:
         self.name = name
         self.capacity = capacity
@@ -102,6 +107,7 @@ class Admission:
         self._first_delay = first_delay
         self._send_row = send_row
         self._refuse_state = refuse_state
+        self._listeners = listeners
         #: Producers waiting for room, first come first served.
         self.waiters: deque[Waiter] = deque()
         #: Admissions so far (an envelope's ``seq``: hand-back order).
@@ -111,9 +117,13 @@ class Admission:
         self._buffered_to = arrive[Arrival.BUFFER]
         self._admitted_to = {False: arrive[Arrival.NOW], True: arrive[Arrival.LATER]}
 
-    def admit(self, items: Sequence[Envelope], waiting: bool, buffer: bool = False) -> bool:
+    def admit(self, items: Sequence[Envelope], waiting: bool, buffer: bool = False) -> int:
         """Run send's checks and admit the batch (into the pre-start buffer when
-        ``buffer``); False if a waiter must keep waiting."""
+        ``buffer``); the number admitted, or -1 if a waiter must keep waiting.
+
+        The batch's events reach the listeners once all of it is admitted: a listener
+        that sends (or cancels) then finds the whole batch live, its capacity taken and
+        its seqs given."""
         if waiting:
             row = self._send_row()
             if row.action is LifeAction.REJECT:
@@ -155,7 +165,7 @@ class Admission:
             over = len(self.live) + count > self.capacity
             if waiting:
                 if over:
-                    return False
+                    return -1
             elif over or self.waiters:
                 why = "producers are waiting in send_wait" if not over else "no room"
                 self.reject(
@@ -165,35 +175,45 @@ class Admission:
                     f"{self.capacity} used ({fresh[0].label()})",
                 )
         live = self.live
-        seq = self._seq
+        first = seq = self._seq
         enter = self._enter
         admitted_to = self._admitted_to
-        for env in fresh:
-            # The envelope's own record, reset for this stay (no allocation per send).
-            rec = env._rec
-            if rec.owner is self.owner:  # named twice in this batch
-                dedups += 1
-                continue
-            seq += 1
-            rec.state = INITIAL
-            rec.kind = KIND_OF[env._periodic]
-            rec.seq = seq
-            rec.attempts = 0
-            rec.failures = 0
-            rec.error = rec.story = None
-            rec.owner = self.owner
-            live[env] = rec
-            if careful and env.id is not None:
-                self.ids[env.id] = env
-            if buffer:
-                enter(env, rec, _EV_SEND, self._buffered_to)
-            else:
-                delay = delays[env] if env._timed else env.delay
-                enter(env, rec, _EV_SEND, admitted_to[delay > 0], delay)
-        self._seq = seq
+        listeners = self._listeners
+        hold = listeners.aside is None and bool(listeners.listeners)
+        if hold:
+            listeners.aside = []
+        try:
+            for env in fresh:
+                # The envelope's own record, reset for this stay (no allocation per send).
+                rec = env._rec
+                if rec.owner is self.owner:  # named twice in this batch
+                    dedups += 1
+                    continue
+                seq += 1
+                rec.state = INITIAL
+                rec.kind = KIND_OF[env._periodic]
+                rec.seq = seq
+                rec.attempts = 0
+                rec.failures = 0
+                rec.error = rec.story = None
+                rec.owner = self.owner
+                live[env] = rec
+                if careful and env.id is not None:
+                    self.ids[env.id] = env
+                if buffer:
+                    enter(env, rec, _EV_SEND, self._buffered_to)
+                else:
+                    delay = delays[env] if env._timed else env.delay
+                    enter(env, rec, _EV_SEND, admitted_to[delay > 0], delay)
+        finally:
+            self._seq = seq
+            if hold:
+                held, listeners.aside = listeners.aside, None
+                for event in held or ():
+                    listeners.emit(event)
         if dedups:
             self._counts.dedups += dedups
-        return True
+        return seq - first
 
     def readmit(self, batch: Sequence[Envelope], row: LifeRow) -> list[Envelope]:
         """An operator's retry of ``batch`` (envelopes that ended here): send's checks
@@ -317,8 +337,9 @@ class Admission:
         batch: tuple[Envelope, ...],
         timeout: float | None,  # noqa: ASYNC109 - send_wait's own timeout, passed on
         loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        """Wait (first come, first served) until ``batch`` is admitted; raise what
+    ) -> int:
+        """Wait (first come, first served) until ``batch`` is admitted (the number
+        admitted); raise what
         ``send()`` would raise if the queue changes state meanwhile, and
         ``CapacityExceeded`` on ``timeout``."""
         if all(isinstance(env, Envelope) for env in batch):
@@ -340,12 +361,13 @@ class Admission:
             async with asyncio.timeout(timeout):
                 while True:
                     await waiter.fut
-                    if self.admit(batch, True):
-                        return
+                    admitted = self.admit(batch, True)
+                    if admitted >= 0:
+                        return admitted
                     waiter.fut = loop.create_future()
         except TimeoutError:
             self._counts.rejections[Rejection.CAPACITY] += 1
-            raise CapacityExceeded(
+            raise SendTimeout(
                 f"queue {self.name!r}: no room for {len(batch)} envelope(s) within "
                 f"{timeout!r} s (capacity {self.capacity})"
             ) from None

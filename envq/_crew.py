@@ -57,6 +57,11 @@ ATTEMPT: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
     "envq_attempt", default=None
 )
 _ATTEMPT: Final = ATTEMPT
+#: The attempt a node of a shared queue runs in the current task: its queue, envelope,
+#: number and worker (set by ``envq.postgres``'s nodes; read by ``current_attempt``).
+HOSTED: contextvars.ContextVar[tuple[object, Envelope, int, Worker] | None] = (
+    contextvars.ContextVar("envq_hosted_attempt", default=None)
+)
 
 
 def keep_alive(task: asyncio.Task[Any]) -> None:

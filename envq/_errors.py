@@ -20,6 +20,7 @@ __all__ = [
     "QueueShuttingDown",
     "QueueStopping",
     "QueueTerminated",
+    "SendTimeout",
     "StopEnvelope",
     "StopType",
     "TypeBlacklisted",
@@ -55,6 +56,13 @@ class BadIntervals(BadEnvelope):
 
 class CapacityExceeded(EnvqError):
     """The batch does not fit in the queue's capacity; nothing of it was admitted."""
+
+
+class SendTimeout(CapacityExceeded, TimeoutError):
+    """``send_wait()`` found no room within its ``timeout``; nothing was admitted.
+
+    Both a :class:`CapacityExceeded` and a ``TimeoutError``, on either store.
+    """
 
 
 class QueueNotRunning(EnvqError):

@@ -39,9 +39,9 @@ import contextlib
 import http.server
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, cast, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast, final
 
 from envq import _checks
 from envq._envelope import Envelope
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import Collector, CollectorRegistry
 
+    from envq._protocol import QueueProtocol
     from envq._queue import Queue
 
 __all__ = [
@@ -110,7 +111,7 @@ def _require_prometheus() -> None:
         raise ImportError(_INSTALL) from exc
 
 
-class _Histogram:
+class Histogram:
     """Per-bucket counts (not cumulative) and the sum, over :data:`BUCKETS` + ``+Inf``."""
 
     __slots__ = ("counts", "total")
@@ -124,8 +125,8 @@ class _Histogram:
         self.counts[bisect.bisect_left(BUCKETS, value)] += 1
         self.total += value
 
-    def copy(self) -> _Histogram:
-        other = _Histogram()
+    def copy(self) -> Histogram:
+        other = Histogram()
         other.counts = list(self.counts)
         other.total = self.total
         return other
@@ -140,20 +141,34 @@ class _Histogram:
         return out
 
 
-class _Snapshot:
-    """One queue's numbers at one scrape."""
+class Snapshot:
+    """One queue's numbers at one scrape. ``adds`` and ``queue_hist`` are None where
+    they cannot be known (a shared queue: its envelopes enter READY on any node);
+    ``rows``: the ended envelopes are rows kept for a while (a gauge each), not
+    counted since the queue was made."""
 
-    __slots__ = ("adds", "longest", "queue_hist", "retries", "stats", "unfinished", "work_hist")
+    __slots__ = (
+        "adds",
+        "longest",
+        "queue_hist",
+        "retries",
+        "rows",
+        "stats",
+        "unfinished",
+        "work_hist",
+    )
 
     def __init__(
         self,
         stats: Statistics,
-        adds: int,
+        adds: int | None,
         retries: int,
-        queue_hist: _Histogram,
-        work_hist: _Histogram,
+        queue_hist: Histogram | None,
+        work_hist: Histogram,
         unfinished: float,
         longest: float,
+        *,
+        rows: bool = False,
     ) -> None:
         self.stats = stats
         self.adds = adds
@@ -162,6 +177,17 @@ class _Snapshot:
         self.work_hist = work_hist
         self.unfinished = unfinished
         self.longest = longest
+        self.rows = rows
+
+
+class Source(Protocol):
+    """Where one queue's series come from."""
+
+    name: str
+
+    def snapshot(self) -> Snapshot | None:
+        """The queue's numbers now (None: none yet)."""
+        ...
 
 
 class _Source:
@@ -174,12 +200,12 @@ class _Source:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.adds = 0
         self.retries = 0
-        self.queue_hist = _Histogram()
-        self.work_hist = _Histogram()
+        self.queue_hist = Histogram()
+        self.work_hist = Histogram()
         #: Envelopes READY / RUNNING → the loop time they entered that state.
         self.ready: dict[Envelope, float] = {}
         self.running: dict[Envelope, float] = {}
-        self.last: _Snapshot | None = None
+        self.last: Snapshot | None = None
         self._find_loop()
 
     def _find_loop(self) -> None:
@@ -213,14 +239,14 @@ class _Source:
             elif to is _RUNNING:
                 self.running[env] = t
 
-    def take(self) -> _Snapshot:
+    def take(self) -> Snapshot:
         """Read the queue and the event-derived numbers; run it on the queue's loop."""
         stats = self.queue.statistics()
         loop = self.loop
         with self.lock:
             now = loop.time() if loop is not None else 0.0
             ages = [max(0.0, now - since) for since in self.running.values()]
-            snap = _Snapshot(
+            snap = Snapshot(
                 stats,
                 self.adds,
                 self.retries,
@@ -232,12 +258,12 @@ class _Source:
             self.last = snap
         return snap
 
-    def snapshot(self) -> _Snapshot:
+    def snapshot(self) -> Snapshot:
         """:meth:`take` on the queue's loop, from whichever thread scrapes."""
         loop = self.loop
         if loop is None or loop.is_closed() or not loop.is_running() or _running_here(loop):
             return self.take()
-        fut: concurrent.futures.Future[_Snapshot] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
 
         def take_on_loop() -> None:
             if not fut.set_running_or_notify_cancel():
@@ -274,7 +300,7 @@ class _Collector:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.sources: dict[str, _Source] = {}
+        self.sources: dict[str, Source] = {}
 
     def describe(self) -> list[Metric]:
         """The metric families, without samples (for the registry's name checks)."""
@@ -284,10 +310,11 @@ class _Collector:
         """Every metric family, one series per queue."""
         with self.lock:
             sources = sorted(self.sources.values(), key=lambda s: s.name)
-        return list(_families([(s.name, s.snapshot()) for s in sources]))
+        snaps = [(s.name, s.snapshot()) for s in sources]
+        return list(_families([(name, snap) for name, snap in snaps if snap is not None]))
 
 
-def _families(snaps: list[tuple[str, _Snapshot]]) -> Iterator[Metric]:
+def _families(snaps: list[tuple[str, Snapshot]]) -> Iterator[Metric]:
     from prometheus_client.core import (  # noqa: PLC0415 - the optional extra, on demand
         CounterMetricFamily,
         GaugeMetricFamily,
@@ -314,7 +341,11 @@ def _families(snaps: list[tuple[str, _Snapshot]]) -> Iterator[Metric]:
     # envq's own.
     used = gauge("envq_capacity_used", "Envelopes in non-terminal states (counted by capacity).")
     limit = gauge("envq_capacity_limit", "The queue's capacity; 0 means unlimited.")
-    envelopes = gauge("envq_envelopes", "Envelopes in the queue by live state.", labels=("state",))
+    envelopes = gauge(
+        "envq_envelopes",
+        "Envelopes in the queue by live state (on PostgreSQL, ended rows kept too).",
+        labels=("state",),
+    )
     ended = counter(
         "envq_envelopes_ended_total", "Envelopes that ended, by terminal state.", ("state",)
     )
@@ -333,9 +364,11 @@ def _families(snaps: list[tuple[str, _Snapshot]]) -> Iterator[Metric]:
 
     for name, snap in snaps:
         stats = snap.stats
-        adds.add_metric([name], snap.adds)
+        if snap.adds is not None:
+            adds.add_metric([name], snap.adds)
         depth.add_metric([name], stats.by_state.get(_READY, 0))
-        queue_d.add_metric([name], snap.queue_hist.cumulative(), snap.queue_hist.total)
+        if snap.queue_hist is not None:
+            queue_d.add_metric([name], snap.queue_hist.cumulative(), snap.queue_hist.total)
         work_d.add_metric([name], snap.work_hist.cumulative(), snap.work_hist.total)
         unfinished.add_metric([name], snap.unfinished)
         longest.add_metric([name], snap.longest)
@@ -345,7 +378,9 @@ def _families(snaps: list[tuple[str, _Snapshot]]) -> Iterator[Metric]:
         for s in _LIVE:
             envelopes.add_metric([name, s.value], stats.by_state.get(s, 0))
         for s in _ENDED:
-            ended.add_metric([name, s.value], stats.by_state.get(s, 0))
+            # A shared queue's ended envelopes are rows until retention removes them.
+            kept = envelopes if snap.rows else ended
+            kept.add_metric([name, s.value], stats.by_state.get(s, 0))
         parked.add_metric([name], stats.by_state.get(EnvState.PARKED, 0))
         in_flight.add_metric([name], stats.in_flight)
         for outcome in Outcome:
@@ -375,24 +410,32 @@ class PrometheusMetrics:
     queue's series; the registry's envq collector goes when its last queue does.
     """
 
-    def __init__(self, queue: Queue, registry: CollectorRegistry) -> None:
+    def __init__(self, queue: QueueProtocol, registry: CollectorRegistry) -> None:
         _check_queue("PrometheusMetrics: queue", queue)
         _check_registry("PrometheusMetrics: registry", registry, "register", "unregister")
         self.queue: Final = queue
         self.registry: Final = registry
-        self._source = _Source(queue)
+        self._source, self._unsubscribe = _source_of("PrometheusMetrics: queue", queue)
+        try:
+            self._collector: _Collector | None = self._join(queue.name, registry)
+        except BaseException:
+            self._unsubscribe()
+            raise
+
+    def _join(self, name: str, registry: CollectorRegistry) -> _Collector:
+        """Add this queue's source to the registry's collector (made on first use)."""
         with _COLLECTORS_LOCK:
             collector = _COLLECTORS.get(registry)
             fresh = collector is None
             if collector is None:
                 collector = _Collector()
             with collector.lock:
-                if queue.name in collector.sources:
+                if name in collector.sources:
                     raise ValueError(
-                        f"queue {queue.name!r}: its metrics are already exported to this "
+                        f"queue {name!r}: its metrics are already exported to this "
                         "registry (queue names label the series, so they must be unique)"
                     )
-                collector.sources[queue.name] = self._source
+                collector.sources[name] = self._source
             if fresh:
                 try:
                     registry.register(cast("Collector", collector))
@@ -400,9 +443,7 @@ class PrometheusMetrics:
                     collector.sources.clear()
                     raise
                 _COLLECTORS[registry] = collector
-        self._collector: _Collector | None = collector
-        # envq's own listener: it does not count as handling failures.
-        self._unsubscribe = queue._listen(self._source, handles_failures=False)
+        return collector
 
     @property
     def closed(self) -> bool:
@@ -442,7 +483,7 @@ class PrometheusMetrics:
 
 
 def prometheus_metrics(
-    queue: Queue, registry: CollectorRegistry | None = None
+    queue: QueueProtocol, registry: CollectorRegistry | None = None
 ) -> PrometheusMetrics:
     """Export ``queue``'s metrics to a ``prometheus_client`` registry (default: the
     global ``prometheus_client.REGISTRY``); returns the export, whose ``close()`` stops it.
@@ -469,7 +510,25 @@ def prometheus_metrics(
 def _check_queue(what: str, queue: object) -> None:
     from envq._queue import Queue  # noqa: PLC0415 - envq._queue is not needed at import
 
-    _checks.instance(what, queue, Queue, want="an envq.Queue")
+    if not isinstance(queue, Queue) and getattr(type(queue), "_metrics_source", None) is None:
+        _checks.instance(what, queue, Queue, want="an envq.Queue or an envq.postgres.PgQueue")
+
+
+def _source_of(what: str, queue: object) -> tuple[Source, Callable[[], None]]:
+    """The source of ``queue``'s series, and what stops it.
+
+    :raises TypeError: neither an :class:`envq.Queue` nor an
+        :class:`envq.postgres.PgQueue`.
+    """
+    from envq._queue import Queue  # noqa: PLC0415 - envq._queue is not needed at import
+
+    if isinstance(queue, Queue):
+        source = _Source(queue)
+        # envq's own listener: it does not count as handling failures.
+        return source, queue._listen(source, handles_failures=False)
+    _check_queue(what, queue)
+    shared = type(queue)._metrics_source(queue)  # type: ignore[attr-defined]
+    return shared, shared.close
 
 
 def _check_registry(what: str, registry: object, *methods: str) -> None:

@@ -41,6 +41,7 @@ from envq._machine import (
     LifeAction,
     LifeRow,
 )
+from envq._protocol import Count, count
 from envq._reports import LiveEnvelope
 from envq._store import MemoryStore
 
@@ -195,14 +196,14 @@ class OperatorCalls:
             return self._from_elsewhere(self.envelopes, state, after=after, limit=limit)
         return self._store.snapshots(state, after, limit)
 
-    def cancel(self, *envelopes: object) -> int:
+    def cancel(self, *envelopes: object) -> Count:
         """An operator's cancel of live envelopes, each named by itself or its ``id``:
         one not running ends STOPPED at once; a running one's attempt is asked to stop
         and ends STOPPED whatever its outcome, with no hook. The number cancelled (one
         not live here is skipped). Works from any thread."""
         return self._operate(self._operator.cancel, envelopes)
 
-    def retry(self, *envelopes: object) -> int:
+    def retry(self, *envelopes: object) -> Count:
         """An operator's retry of envelopes that ended FAILED or STOPPED and that the
         queue keeps (``keep_ended``), each named by itself or its ``id``: sent back as a
         ``send()`` of the batch would be (its checks, all or nothing; READY, or
@@ -213,12 +214,14 @@ class OperatorCalls:
         """
         return self._operate(self._operator.retry, envelopes)
 
-    def discard(self, *envelopes: object) -> int:
+    def discard(self, *envelopes: object) -> Count:
         """An operator's discard of ended envelopes the queue keeps, each named by itself
         or its ``id``: the queue forgets them and their story. The number discarded."""
         return self._operate(self._operator.discard, envelopes)
 
-    def _operate(self, move: Callable[[tuple[object, ...]], int], keys: tuple[object, ...]) -> int:
+    def _operate(
+        self, move: Callable[[tuple[object, ...]], int], keys: tuple[object, ...]
+    ) -> Count:
         if self._elsewhere():
             return self._from_elsewhere(self._operate, move, keys)
-        return move(keys)
+        return count(move(keys))

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 import attrs
 
@@ -30,7 +30,7 @@ from envq import _checks, _machine
 from envq._admission import Admission, first_delay
 from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
-from envq._crew import ATTEMPT, Crew, keep_alive
+from envq._crew import ATTEMPT, HOSTED, Crew, keep_alive
 from envq._entry import check_own_loop, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
 from envq._lifecycle import Lifecycle, check_arrives
@@ -58,6 +58,7 @@ from envq._notify import (
 )
 from envq._operator import Operator, OperatorCalls
 from envq._outcomes import Settler
+from envq._protocol import DONE, Count, Done, QueueProtocol, count
 from envq._reports import StopReport
 from envq._stats import Counters
 from envq._store import MemoryStore
@@ -81,6 +82,7 @@ _BUFFERED: Final = EnvState.BUFFERED
 _RETURNED: Final = EnvState.RETURNED
 _FAILED: Final = EnvState.FAILED
 _ADMIT: Final = LifeAction.ADMIT
+_BUFFER: Final = LifeAction.BUFFER
 _SEND: Final = QueueCall.SEND
 _DUE: Final = EnvEvent.DUE
 _PERIODIC: Final = Kind.PERIODIC
@@ -208,6 +210,7 @@ class Queue(OperatorCalls):
             first_delay=self._first_delay,
             send_row=lambda: self._lc.send_row,
             refuse_state=lambda row, batch: self._lc.perform(row, QueueCall.SEND, batch),
+            listeners=self._events,
         )
         self._admit = admission.admit
         self._settler = Settler(
@@ -265,8 +268,10 @@ class Queue(OperatorCalls):
     def __repr__(self) -> str:
         return f"<envq.Queue {self.name!r} {self._lc.state.name} {len(self._live)} live>"
 
-    def start(self) -> None:
-        """Start (or restart) the queue; needs a running event loop.
+    def start(self) -> Done:
+        """Start (or restart) the queue; needs a running event loop. Over when it
+        returns: its answer may be awaited (``await queue.start()``, as on
+        :class:`envq.postgres.PgQueue`) and need not be.
 
         From INIT, buffered envelopes are armed; from STOPPED, parked ones are re-armed
         with the delay they had left. A no-op when RUNNING; raises
@@ -277,8 +282,7 @@ class Queue(OperatorCalls):
         current = _running_loop()
         if bound is not None and current is not bound:
             if bound.is_running():
-                self._from_elsewhere(self.start)
-                return
+                return self._from_elsewhere(self.start)
             row = LIFECYCLE[(self._lc.state, QueueCall.START)]
             if row.action is LifeAction.REJECT:
                 self._lc.perform(row, QueueCall.START)
@@ -293,9 +297,12 @@ class Queue(OperatorCalls):
             )
         self._bound_loop()
         self._lc.perform(LIFECYCLE[(self._lc.state, QueueCall.START)], QueueCall.START)
+        return DONE
 
-    def send(self, *envelopes: Envelope) -> None:
-        """Admit envelopes; all or nothing; never blocks.
+    def send(self, *envelopes: Envelope) -> Count:
+        """Admit envelopes; all or nothing; never blocks. The number admitted (an
+        envelope already live in the queue is a dedup, not admitted), which may also be
+        awaited (``await queue.send(env)``, as on :class:`envq.postgres.PgQueue`).
 
         Checks, in order: queue state, validation, type blacklist, dedup, capacity.
         An envelope already live in this queue is skipped (deduplicated).
@@ -315,14 +322,19 @@ class Queue(OperatorCalls):
                 return self._from_elsewhere(self.send, *envelopes)
             if threading.get_ident() != self._loop_thread:
                 return self._send_aside(loop, envelopes)
-        row = self._lc.send_row
-        if row.action is _ADMIT:
-            self._admit(envelopes, False)
-        else:
-            self._lc.perform(row, _SEND, envelopes)
-        return None
+        return count(self._send_here(envelopes))
 
-    def _send_aside(self, loop: asyncio.AbstractEventLoop, envelopes: Sequence[Envelope]) -> None:
+    def _send_here(self, envelopes: Sequence[Envelope]) -> int:
+        """The send, on the queue's thread, by the lifecycle's SEND row: the number
+        admitted."""
+        row = self._lc.send_row
+        action = row.action
+        if action is _ADMIT or action is _BUFFER:
+            return self._admit(envelopes, False, action is _BUFFER)
+        self._lc.perform(row, _SEND, envelopes)  # refused, or nothing to do
+        return 0
+
+    def _send_aside(self, loop: asyncio.AbstractEventLoop, envelopes: Sequence[Envelope]) -> Count:
         """``send()`` from another thread while the queue's loop is not running (between
         two ``run_until_complete`` calls): the call runs here and raises here, one such
         call at a time. Listeners are promised the loop's thread, so the call's events
@@ -332,17 +344,14 @@ class Queue(OperatorCalls):
         had added its events to it."""
         events = self._events
         started = True
+        admitted = 0
         try:
             with events.lock:
                 if not loop.is_running():
                     started = False
                     if events.aside is None:
                         events.aside = []
-                    row = self._lc.send_row
-                    if row.action is _ADMIT:
-                        self._admit(envelopes, False)
-                    else:
-                        self._lc.perform(row, _SEND, envelopes)
+                    admitted = self._send_here(envelopes)
         finally:
             if not started:
                 # Asked once the lock is free: a delivery that finds it held does nothing.
@@ -351,28 +360,33 @@ class Queue(OperatorCalls):
                 except RuntimeError:  # closed: nobody else will ever run listeners
                     events.deliver_aside()
         if started:  # the loop started meanwhile: the call is the loop's
-            self._from_elsewhere(self.send, *envelopes)
+            return self._from_elsewhere(self.send, *envelopes)
+        return count(admitted)
 
     async def send_wait(
         self,
         *envelopes: Envelope,
         timeout: float | None = None,  # noqa: ASYNC109 - the contract's signature
-    ) -> None:
-        """Like :meth:`send`, but wait for room (first come, first served).
+    ) -> Count:
+        """Like :meth:`send`, but wait for room (first come, first served); the number
+        admitted.
 
         Raises what ``send()`` would raise if the queue changes state while waiting
         (INIT → RUNNING keeps waiting).
 
-        :raises CapacityExceeded: on ``timeout``, or at once for a batch larger than
-            the capacity.
+        :raises SendTimeout: no room within ``timeout`` (a :class:`CapacityExceeded`
+            and a ``TimeoutError``).
+        :raises CapacityExceeded: at once, for a batch larger than the capacity.
         """
         if timeout is not None:
             timeout = _checks.timeout(f"queue {self.name!r}: send_wait() timeout", timeout)
         self._own_loop("send_wait")
         batch = envelopes
-        if not self._admission.waiters and self._admit(batch, True):
-            return
-        await self._admission.wait(batch, timeout, self._bound_loop())
+        if not self._admission.waiters:
+            admitted = self._admit(batch, True)
+            if admitted >= 0:
+                return count(admitted)
+        return count(await self._admission.wait(batch, timeout, self._bound_loop()))
 
     async def stop(
         self, mode: StopMode | None = None, cancel: bool = False, wait: bool | None = None
@@ -550,7 +564,8 @@ class Queue(OperatorCalls):
         return unsubscribe
 
     def statistics(self) -> Statistics:
-        """A frozen snapshot of the queue's state and counters."""
+        """A frozen snapshot of the queue's state and counters (it may also be awaited,
+        as :meth:`envq.postgres.PgQueue.statistics` is)."""
         if self._elsewhere():
             return self._from_elsewhere(self.statistics)
         return self._counts.snapshot(
@@ -673,8 +688,9 @@ class Queue(OperatorCalls):
 class Attempt:
     """The attempt in progress, as :func:`envq.current_attempt` sees it."""
 
-    #: The queue running it.
-    queue: Queue
+    #: The queue running it: an :class:`envq.Queue`, or an
+    #: :class:`envq.postgres.PgQueue` whose node runs it.
+    queue: QueueProtocol
     envelope: Envelope
     #: 1-based number of this attempt in the envelope's current stay in the queue.
     number: int
@@ -686,8 +702,16 @@ def current_attempt() -> Attempt | None:
     """The attempt the calling code runs in — from ``invoke``, a hook, a stamp, or a
     task spawned by one of them — or None outside any attempt or once it has ended."""
     env = ATTEMPT.get()
-    owner: object = env._rec.owner if env is not None else None
-    if env is None or not isinstance(owner, Queue):
+    if env is None:
+        hosted = HOSTED.get()  # an attempt a node of a shared queue runs
+        if hosted is None:
+            return None
+        queue, env, number, worker = hosted
+        if worker.env is not env:
+            return None
+        return Attempt(cast("QueueProtocol", queue), env, number, worker.deadline_at)
+    owner: object = env._rec.owner
+    if not isinstance(owner, Queue):
         return None
     w = owner._crew.holding(env)
     return None if w is None else Attempt(owner, env, env._rec.attempts, w.deadline_at)

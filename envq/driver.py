@@ -515,10 +515,15 @@ class Session:
         async def go() -> Any:
             if limit is None:
                 return await coro
-            try:
-                return await asyncio.wait_for(coro, self.real(limit))
-            except TimeoutError:
+            # Not wait_for: a TimeoutError of the call itself (send_wait's SendTimeout)
+            # is its answer, not the limit's.
+            task = asyncio.ensure_future(coro)
+            done, _ = await asyncio.wait({task}, timeout=self.real(limit))
+            if not done:
+                task.cancel()
+                await asyncio.wait({task})
                 return _TIMED_OUT
+            return task.result()
 
         value = self._run(go())
         if value is _TIMED_OUT:

@@ -130,8 +130,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-resend-keeps-attempts",
         "_admission.py",
-        "            rec.attempts = 0\n            rec.failures = 0\n",
-        "            rec.failures = 0\n",
+        "                rec.attempts = 0\n                rec.failures = 0\n",
+        "                rec.failures = 0\n",
         "an envelope sent again after it ended keeps counting its attempts from last time",
     ),
     _m(

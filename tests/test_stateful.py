@@ -112,11 +112,13 @@ REJECTION_REASONS = {
 
 
 def error_name(exc: BaseException | None) -> str | None:
-    """The driver protocol's name of the exact class of ``exc`` (None: no error)."""
+    """The driver protocol's name of ``exc`` (None: no error)."""
     if exc is None:
         return None
-    name = type(exc).__name__
-    return ERRORS.get(name, f"other:{name}")
+    for cls in type(exc).__mro__:  # the nearest known class, as the driver names it
+        if cls.__name__ in ERRORS:
+            return ERRORS[cls.__name__]
+    return f"other:{type(exc).__name__}"
 
 
 async def settle() -> None:

@@ -52,7 +52,7 @@ async def test_send_wait_timeout_race() -> None:
     second one's envelope is meanwhile sent to another queue. At t=1 the first
     producer's timeout hands the turn to the second just as the second producer's own
     timeout fires. A woken producer admits (or is refused) only when it runs, so the
-    timeout wins: both calls raise CapacityExceeded, and each counts as one
+    timeout wins: both calls raise SendTimeout (a CapacityExceeded), and each counts as one
     rejection."""
 
     async def noop(env: envq.Envelope) -> None:
@@ -67,8 +67,8 @@ async def test_send_wait_timeout_race() -> None:
     await asyncio.sleep(0)
     other.send(b)
     await asyncio.sleep(2)
-    assert type(first.exception()) is envq.CapacityExceeded
-    assert type(second.exception()) is envq.CapacityExceeded
+    assert type(first.exception()) is envq.SendTimeout
+    assert type(second.exception()) is envq.SendTimeout
     assert q.statistics().rejections["capacity"] == 2
     assert sum(q.statistics().rejections.values()) == 2
     await q.terminate()
@@ -97,7 +97,7 @@ async def test_start_admits_a_waiting_producer_once() -> None:
     q.start()
     await asyncio.sleep(5)
     assert type(first.exception()) is envq.BadEnvelope
-    assert second.result() is None
+    assert second.result() == 1
     assert sorted(runs) == ["a", "d"]  # d runs once
     await q.terminate()
     await other.terminate()

@@ -32,7 +32,8 @@ import attrs
 from envq._attempt import Runner, Threads, Worker, expire_limits
 from envq._checks import is_async_callable
 from envq._config import DeadLetter
-from envq._envelope import Envelope
+from envq._crew import HOSTED
+from envq._envelope import Envelope, Stamp
 from envq._machine import (
     RELABEL,
     CancelCause,
@@ -353,6 +354,7 @@ class Node:
         hook_timeout: HookTimeout,
         dead_letter: DeadLetter | None = None,
         retention: float | None = None,
+        stamps: tuple[Stamp, ...] = (),
     ) -> None:
         self._host = host
         self.name = host.name
@@ -384,10 +386,14 @@ class Node:
         self.counts_local: dict[str, int] = {"finished": 0, "fenced": 0, "reaped": 0}
         #: The outcomes of the attempts this node ended (committed ends only).
         self.outcomes: dict[Outcome, int] = {}
+        #: Called as ``watch(envelope, outcome, state, claimed_at)`` for each committed
+        #: end (a stop's report, the metrics): ``state`` the row's, ``claimed_at`` on
+        #: ``time.monotonic()``.
+        self.watches: list[Callable[[Envelope, Outcome, str, float], None]] = []
         self._deadlines = Deadlines(self._expire_limits)
         self._runner = Runner(
             host.name,
-            (),
+            stamps,
             hook_timeout,
             Threads(max(1, workers), f"envq-pg-{host.name}"),
             self._deadlines,
@@ -652,18 +658,9 @@ class Node:
                 # The lease expired: another node may reap it; stop the work (once the
                 # attempt's code is over, its finish is refused by the fence instead).
                 flight.lost = True
-                self._stop(flight)
-            elif kind == _CANCELLED:
-                self._stop(flight)  # an operator cancelled it: its end is STOPPED anyway
-
-    @staticmethod
-    def _stop(flight: _Flight) -> None:
-        """Ask the attempt of ``flight`` to stop (its code, not its hooks)."""
-        w = flight.worker
-        if w.task is not None and w.cancellable and w.cancel_cause is None:
-            w.cancel_cause = CancelCause.STOP
-            w.owed = 1
-            w.task.cancel()
+                _ask_to_stop(flight.worker, CancelCause.STOP)
+            elif kind == _CANCELLED:  # an operator cancelled it: its end is STOPPED anyway
+                _ask_to_stop(flight.worker, CancelCause.STOP)
 
     async def _follow(self, db: asyncpg.Pool | _Conn) -> None:
         found = await db.fetchrow(
@@ -675,11 +672,7 @@ class Node:
         if found["cancel"] is not None and state is not QueueState.RUNNING:
             cause = CancelCause(found["cancel"])
             for flight in self._flights.values():
-                w = flight.worker
-                if w.cancellable and w.cancel_cause is None and w.task is not None:
-                    w.cancel_cause = cause
-                    w.owed = 1
-                    w.task.cancel()
+                _ask_to_stop(flight.worker, cause)
         if state is QueueState.STOPPING:
             await self._host._try_drained()
 
@@ -706,6 +699,7 @@ class Node:
             outcome, cause = Outcome.ERROR, error
         else:
             w.env = env
+            HOSTED.set((self._host, env, int(row["attempt"]), w))  # current_attempt()
             outcome, cause = await self._runner.attempt(w, env)
         try:
             if flight.lost:
@@ -738,6 +732,8 @@ class Node:
             kept = spent(env, row, outcome, cause)
             ended = await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures, kept)
             if ended is not None:
+                for watch in self.watches:
+                    watch(env, outcome, ended.state, flight.claimed_at)
                 hand = None if self._dead_letter_to is None else self._dead_letter
                 await report(self._runner, self.name, w, env, row, outcome, kept, ended, hand)
         finally:
@@ -930,6 +926,14 @@ class Node:
         """A worker cancelled by someone other than envq (the loop closing): its attempt
         ends CANCELLED and is parked or handed back by the lease's reaper."""
         w.abandoned = True
+
+
+def _ask_to_stop(w: Worker, cause: CancelCause) -> None:
+    """Ask the attempt of ``w`` to stop (its code, not its hooks), once."""
+    if w.task is not None and w.cancellable and w.cancel_cause is None:
+        w.cancel_cause = cause
+        w.owed = 1
+        w.task.cancel()
 
 
 async def blacklist(conn: _Conn, queue: str, type_: str) -> None:

@@ -37,38 +37,38 @@ import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 from envq import _checks
 from envq._config import DeadLetter
 from envq._entry import elsewhere, hand_over
-from envq._envelope import Envelope
+from envq._envelope import Envelope, Stamp
 from envq._errors import (
     BadEnvelope,
     CapacityExceeded,
     QueueNotRunning,
+    SendTimeout,
     TypeBlacklisted,
 )
 from envq._listeners import Listener
 from envq._machine import (
     INITIAL,
     LIFECYCLE,
-    LIVE_STATES,
     QUEUE_MOVES,
     SETTLED,
     Arrival,
     CancelCause,
     EnvEvent,
-    EnvState,
     Kind,
     LifeAction,
+    Outcome,
     QueueCall,
     QueueState,
     StopMode,
 )
-from envq._values import HookTimeout, Rejection, Statistics
+from envq._reports import StopReport
+from envq._values import HookTimeout, Rejection
 from envq.postgres._codec import Encoded, decode, encode, first_wait
 from envq.postgres._edges import (
     AdmissionUnknown,
@@ -90,6 +90,7 @@ from envq.postgres._edges import (
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
 from envq.postgres._node import CHANNEL, Node, _node_name, _returned, arm_calendars
+from envq.postgres._observe import PgObservation
 from envq.postgres._operator import PgOperatorCalls
 from envq.postgres.migrations import install as install_schema
 from envq.postgres.schema import event_label
@@ -161,7 +162,7 @@ ON CONFLICT DO NOTHING
 """
 
 
-class PgQueue(PgOperatorCalls):
+class PgQueue(PgOperatorCalls, PgObservation):
     """A named queue stored in PostgreSQL, with envq's lifecycle and outcome tables.
 
     :param dsn: the database (``postgresql://...``); never logged.
@@ -191,6 +192,10 @@ class PgQueue(PgOperatorCalls):
     :param dead_letter: called as ``dead_letter(env, error)`` for every envelope that
         ends FAILED on this node, with its last error (``MaxRetriesExceeded`` when its
         retries ran out), once the end committed; plain or ``async def``.
+    :param stamps: this node's middleware around every attempt it runs, outermost
+        first, as one process's ``Queue(stamps=...)`` (``envq.logging_stamp()``,
+        ``envq.otel_stamp()``): code of this process, so it does not cross with the
+        envelopes; :func:`envq.current_attempt` works in them.
     """
 
     def __init__(
@@ -208,6 +213,7 @@ class PgQueue(PgOperatorCalls):
         event_poll: float = 0.1,
         dead_letter: DeadLetter | None = None,
         retention: float | dt.timedelta | None = RETENTION,
+        stamps: Iterable[Stamp] | None = (),
     ) -> None:
         where = "PgQueue()"
         check_dsn(where, dsn)
@@ -258,6 +264,7 @@ class PgQueue(PgOperatorCalls):
             hook_timeout or HookTimeout(),
             dead_letter,
             self.retention,
+            _checks.stamps(f"{where} stamps", stamps),
         )
         self._events = Follower(self, self.event_poll)
 
@@ -445,36 +452,55 @@ class PgQueue(PgOperatorCalls):
 
     @on_its_loop
     async def stop(
-        self, mode: StopMode | None = None, cancel: bool = False, wait: bool = True
-    ) -> None:
-        """Stop the shared queue on every node (→ STOPPING → STOPPED).
+        self, mode: StopMode | None = None, cancel: bool = False, wait: bool | None = None
+    ) -> StopReport:
+        """Stop the shared queue on every node (→ STOPPING → STOPPED) and report what
+        the stop did.
 
         :param mode: DRAIN runs the ready envelopes first, STOP parks them (default:
             ``stop_mode``).
         :param cancel: cancel the attempts in flight on every node (their envelopes
             are parked); only with STOP.
         :param wait: return once the queue is STOPPED (the attempts in flight have
-            ended, or their leases expired and were reaped).
+            ended, or their leases expired and were reaped); None: True.
 
-        A stop of a queue never started changes nothing and returns at once. Unlike
-        one process's ``stop()``, it returns no report: the envelopes a stop parks
-        stay rows of the shared queue, seen through :meth:`counts` and the events.
+        The :class:`envq.StopReport`: ``parked``, the queue's parked envelopes (every
+        node's, from their rows; one whose code is missing here is logged and left
+        out); ``completed``, ``cancelled``: the attempts this node ended during the
+        call; ``complete``: the queue was STOPPED or TERMINATED when it was made. A stop
+        of a queue never started changes nothing and returns at once.
         """
         where = f"queue {self.name!r}: stop()"
         mode = self.stop_mode if mode is None else _checks.member(f"{where} mode", mode, StopMode)
         _checks.flag(f"{where} cancel", cancel)
-        _checks.flag(f"{where} wait", wait)
+        _checks.optional_flag(f"{where} wait", wait)
         if cancel and mode is StopMode.DRAIN:
             raise ValueError(f"{where}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)")
-        action = await self._call(QueueCall.STOP, mode, CancelCause.STOP if cancel else None)
-        self._node.wake()
-        # A stop that the tables make a no-op (a queue never started, or one already
-        # stopped) has nothing to wait for.
-        if wait and action is not LifeAction.NOTHING:
-            await self.wait_stopped()
+        ended: list[tuple[Envelope, Outcome]] = []
+
+        def watch(env: Envelope, outcome: Outcome, state: str, claimed_at: float) -> None:
+            ended.append((env, outcome))
+
+        self._node.watches.append(watch)
+        try:
+            action = await self._call(QueueCall.STOP, mode, CancelCause.STOP if cancel else None)
+            self._node.wake()
+            # A stop that the tables make a no-op (a queue never started, or one
+            # already stopped) has nothing to wait for.
+            if wait is not False and action is not LifeAction.NOTHING:
+                await self._settled()
+        finally:
+            self._node.watches.remove(watch)
+        return await _report(self.name, self._db(), ended)
 
     @on_its_loop
-    async def wait_stopped(self) -> QueueState:
+    async def wait_stopped(self) -> StopReport:
+        """Wait until the shared queue is STOPPED or TERMINATED; the final report
+        (its ``parked`` envelopes, as :meth:`stop`'s; no attempts)."""
+        await self._settled()
+        return await _report(self.name, self._db(), ())
+
+    async def _settled(self) -> QueueState:
         """Wait until the shared queue is STOPPED or TERMINATED; that state."""
         while True:
             state = await self.state()
@@ -523,7 +549,7 @@ class PgQueue(PgOperatorCalls):
             self._node.wake()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
-                    await self.wait_stopped()
+                    await self._settled()
         await self._call(QueueCall.TERMINATE, cancel=CancelCause.TERMINATE)
         db = self._db()
         while True:
@@ -698,7 +724,8 @@ class PgQueue(PgOperatorCalls):
     ) -> int:
         """:meth:`send`, waiting (polling) while the batch does not fit the capacity.
 
-        :raises TimeoutError: no room within ``timeout`` seconds;
+        :raises SendTimeout: no room within ``timeout`` seconds (a
+            :class:`CapacityExceeded` and a ``TimeoutError``);
             :class:`CapacityExceeded`: at once, for a batch larger than the capacity.
         """
         timeout = _checks.timeout(f"queue {self.name!r}: send_wait() timeout", timeout)
@@ -711,46 +738,10 @@ class PgQueue(PgOperatorCalls):
                 raise
             except CapacityExceeded:
                 if until is not None and loop.time() >= until:
-                    raise TimeoutError(
+                    raise SendTimeout(
                         f"queue {self.name!r}: send_wait(): no room within {timeout} s"
                     ) from None
                 await self._node.sleep(min(self.poll, 0.1))
-
-    @on_its_loop
-    async def statistics(self) -> Statistics:
-        """A snapshot. The queue's state, its envelopes by state (ended ones are kept
-        as rows, so they count since the queue was made), those in flight and the
-        capacity used are the shared queue's, read from the database; the outcomes,
-        dedups, rejected sends and stuck threads are this process's."""
-        found = await self._db().fetch(_COUNTS, self.name)
-        by_state = {EnvState(state): n for state, n in found}
-        return Statistics(
-            state=await self.state(),
-            by_state=MappingProxyType(by_state),
-            in_flight=by_state.get(EnvState.RUNNING, 0),
-            capacity_used=sum(n for state, n in by_state.items() if state in LIVE_STATES),
-            capacity_limit=await self._db().fetchval(
-                "SELECT capacity FROM envq.queues WHERE name = $1", self.name
-            ),
-            outcomes=MappingProxyType(dict(self._node.outcomes)),
-            dedups=self._dedups,
-            rejections=MappingProxyType(dict(self._rejections)),
-            stuck_threads=self._node.stuck_threads,
-        )
-
-    @on_its_loop
-    async def counts(self) -> dict[str, int]:
-        """How many envelopes of the queue are in each state now (the database's kept
-        counts: the same cost at any backlog)."""
-        rows = await self._db().fetch(_COUNTS, self.name)
-        return {r[0]: r[1] for r in rows}
-
-
-#: The envelopes of a queue per state, from the counts the database keeps.
-_COUNTS: Final = (
-    "SELECT state::text, sum(n)::bigint FROM envq.counts WHERE queue = $1"
-    " GROUP BY state HAVING sum(n) <> 0"
-)
 
 
 async def _admit(conn: _Conn, name: str, rows: Sequence[Encoded]) -> tuple[int, str, int]:
@@ -810,6 +801,38 @@ async def _admit(conn: _Conn, name: str, rows: Sequence[Encoded]) -> tuple[int, 
     return int(status.rsplit(" ", 1)[-1]), str(xid), capacity
 
 
+async def _report(
+    name: str, db: asyncpg.Pool, ended: Iterable[tuple[Envelope, Outcome]]
+) -> StopReport:
+    """A stop's report: the queue's parked envelopes, re-created from their rows in
+    admission order (one whose code is missing here is logged and left out), and
+    ``ended``, the attempts of this node that ended during the stop."""
+    async with db.acquire() as conn:
+        state = await conn.fetchval("SELECT state FROM envq.queues WHERE name = $1", name)
+        rows = await conn.fetch(
+            "SELECT * FROM envq.envelopes WHERE queue = $1 AND state = 'parked' ORDER BY seq",
+            name,
+        )
+    parked: list[Envelope] = []
+    for row in rows:
+        try:
+            parked.append(decode(row))
+        except Exception as error:  # its code is missing in this process
+            log.warning(
+                "queue %r: stop()'s report leaves out parked envelope %s (%s); its row stays",
+                name,
+                row["seq"],
+                error,
+            )
+    ends = list(ended)
+    return StopReport(
+        parked=tuple(parked),
+        completed=tuple(env for env, outcome in ends if outcome is not Outcome.CANCELLED),
+        cancelled=tuple(env for env, outcome in ends if outcome is Outcome.CANCELLED),
+        complete=QueueState(state) in SETTLED,
+    )
+
+
 async def _hand_back(name: str, db: asyncpg.Pool) -> list[Envelope]:
     """Delete and return the envelopes handed back, each decoded first: a row whose
     code this process cannot import stays RETURNED in the database (logged), for a
@@ -847,3 +870,12 @@ async def _hand_back(name: str, db: asyncpg.Pool) -> list[Envelope]:
             ", ".join(map(str, kept)),
         )
     return handed
+
+
+if TYPE_CHECKING:
+    from envq._protocol import QueueProtocol
+    from envq._queue import Queue
+
+    def _one_api(queue: Queue, shared: PgQueue) -> tuple[QueueProtocol, QueueProtocol]:
+        """Both stores satisfy :class:`envq.QueueProtocol` (checked by mypy)."""
+        return queue, shared

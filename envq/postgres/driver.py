@@ -775,13 +775,10 @@ class Session:
         node = self._sender()
 
         async def go() -> None:
-            try:
-                await node.send_wait(
-                    *(self.envs[n] for n in names),
-                    timeout=None if timeout is None else self.real(timeout),
-                )
-            except TimeoutError:
-                raise envq.CapacityExceeded("send_wait(): no room in time") from None
+            await node.send_wait(
+                *(self.envs[n] for n in names),
+                timeout=None if timeout is None else self.real(timeout),
+            )
 
         return await self._blocking(go(), command)
 

@@ -65,3 +65,18 @@ async def slow_decision(
     DECIDED[env.id] = DECIDED.get(env.id, 0) + 1
     await asyncio.sleep(0.3)
     return envq.drop()
+
+
+#: What :func:`envq.current_attempt` said inside :func:`note_attempt`, by the id.
+ATTEMPTS: dict[object, tuple[str, int]] = {}
+
+
+async def note_attempt(env: envq.Envelope) -> None:
+    """Record the attempt as ``current_attempt()`` sees it; fail the first time."""
+    attempt = envq.current_attempt()
+    assert attempt is not None
+    assert attempt.envelope is env
+    ATTEMPTS[env.id] = (attempt.queue.name, attempt.number)
+    _count(env)
+    if SEEN[env.id] == 1:
+        raise RuntimeError("the first attempt fails")

@@ -157,7 +157,8 @@ async def test_stop_of_a_queue_never_started_returns(pg_dsn: str) -> None:
     q = PgQueue(pg_dsn, _name(), workers=0)
     await q.install()
     async with q:
-        assert await asyncio.wait_for(q.stop(), 10) is None
+        report = await asyncio.wait_for(q.stop(), 10)
+        assert report == envq.StopReport(complete=False)  # not stopped: never started
         assert (await q.state()) is envq.QueueState.INIT
 
 

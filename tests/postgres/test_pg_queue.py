@@ -132,7 +132,7 @@ class TestSend:
             with pytest.raises(envq.CapacityExceeded, match="2 of 3"):
                 await q.send(*(envq.Envelope(invoke=pg_jobs.noop, id=i) for i in range(10, 12)))
             assert await q.counts() == {"buffered": 2}
-            with pytest.raises(TimeoutError):
+            with pytest.raises(envq.SendTimeout):
                 await q.send_wait(
                     *(envq.Envelope(invoke=pg_jobs.noop, id=i) for i in range(20, 22)), timeout=0.3
                 )

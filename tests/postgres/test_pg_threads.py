@@ -47,7 +47,7 @@ async def test_send_and_lifecycle_from_another_threads_loop(pg_dsn: str) -> None
     async with PgQueue(pg_dsn, name, workers=2, poll=0.05) as queue:
         home = threading.get_ident()
 
-        async def elsewhere() -> tuple[int, envq.QueueState, dict[str, int]]:
+        async def elsewhere() -> tuple[int, envq.StopReport, dict[str, int]]:
             assert threading.get_ident() != home
             await queue.start()
             admitted = await queue.send(
@@ -62,10 +62,10 @@ async def test_send_and_lifecycle_from_another_threads_loop(pg_dsn: str) -> None
             await queue.stop()
             return admitted, await queue.wait_stopped(), counts
 
-        admitted, state, counts = await _joined(*_in_thread(elsewhere))
+        admitted, report, counts = await _joined(*_in_thread(elsewhere))
         assert admitted == 2
         assert counts == {"succeeded": 2}
-        assert state is envq.QueueState.STOPPED
+        assert report == envq.StopReport(complete=True)
         assert (await queue.statistics()).state is envq.QueueState.STOPPED
 
 

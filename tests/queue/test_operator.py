@@ -310,6 +310,7 @@ class TestDiscard:
 
 def test_the_moves_work_from_another_thread() -> None:
     """As send() does, the operator's calls work from a thread other than the loop's."""
+
     async def main() -> list[int]:
         q = envq.Queue("q", log_unhandled=False)
         q.start()

@@ -459,7 +459,7 @@ class TestTimeoutAtTheInstantOfRoom:
     async def test_room_at_the_timeout_instant_is_too_late(self) -> None:
         # The slot is freed by a run due at 8.5, the instant the 0.5 s timeout is due.
         error, elapsed = await self._race(free_at=8.5, patience=0.5)
-        assert type(error) is envq.CapacityExceeded
+        assert type(error) is envq.SendTimeout
         assert elapsed == 0.5
 
     async def test_room_just_before_the_timeout_is_taken(self) -> None:
@@ -476,7 +476,7 @@ class TestTimeoutAtTheInstantOfRoom:
         nxt = lasting(60, id="next")
         second = asyncio.ensure_future(q.send_wait(nxt, timeout=5))
         await asyncio.wait({first, second})
-        assert type(first.exception()) is envq.CapacityExceeded
+        assert type(first.exception()) is envq.SendTimeout
         assert second.exception() is None
         assert now() == 8.5
         assert q.state_of(nxt) in (S.READY, S.RUNNING)
