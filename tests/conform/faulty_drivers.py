@@ -15,6 +15,8 @@ a process (``python tests/conform/faulty_drivers.py NAME``) speaking the same pr
 - ``decides_twice``: a leased port (below) whose attempt ended ``expired`` and was
   decided by its reaper's ``on_failure`` is decided again, by a late node's
   ``on_failure`` for the same attempt.
+- ``succeeds_expired``: a leased port whose attempt ended ``expired`` reports its
+  ``on_success`` anyway, as a late node would whose end the store refused.
 
 :class:`LeasedTimeouts` is not faulty: it is the reference driver as a port whose store
 several processes share would report it (it declares ``leases``, and each attempt a
@@ -165,12 +167,26 @@ class DecidesTwice(LeasedTimeouts):
             super().observe("on_failure", env=name, error="error", attempt=self.decided.pop(name))
 
 
+class SucceedsExpired(LeasedTimeouts):
+    """``on_success`` for a refused end: after an attempt of an envelope with an
+    ``on_success`` hook ended ``expired`` (reaped), a late node, its own attempt done,
+    reports the hook for it."""
+
+    def observe(self, kind: str, **fields: Any) -> None:
+        super().observe(kind, **fields)
+        last = self.events[-1]
+        name = last.get("env")
+        if last["kind"] == "move" and last["outcome"] == "expired" and self.specs[name].on_success:
+            super().observe("on_success", env=name, attempt=self.attempts[name])
+
+
 FAULTY: dict[str, type[Session]] = {
     "double_count": DoubleCount,
     "periodic_after_stop": PeriodicAfterStop,
     "terminate_drops_parked": TerminateDropsParked,
     "late_cron": LateCron,
     "decides_twice": DecidesTwice,
+    "succeeds_expired": SucceedsExpired,
 }
 
 __all__ = [
@@ -180,6 +196,7 @@ __all__ = [
     "LateCron",
     "LeasedTimeouts",
     "PeriodicAfterStop",
+    "SucceedsExpired",
     "TerminateDropsParked",
     "Undeclared",
 ]
