@@ -1,8 +1,9 @@
-"""The reporting hook ``on_success``, as the oracle accounts for it.
+"""The hooks that report an attempt's end, as the oracle accounts for them.
 
 An attempt that ends OK in a row whose action reports it (``SUCCEED``, ``RESCHEDULE``;
 never the ``BLACKLISTED`` group, whose rows call no hook) calls ``on_success``, and no
-other attempt does. When, depends on the port:
+other attempt does; one whose row is ``REPORT_FAILURE`` (DoNotRetry) calls
+``on_failure`` to report it, its answer ignored. When, depends on the port:
 
 * in one process (a port without ``leases``), exactly once, before the move that ends
   the attempt;
@@ -12,12 +13,14 @@ other attempt does. When, depends on the port:
   another process reaped the attempt) reports nothing. A node that dies in between
   reports nothing either.
 
-The driver names the attempt by its number in the envelope's current stay (the
-dispatches since it was admitted), so that a call that comes late is judged against
-the attempt it reports, even after the next attempt began. :class:`Successes` keeps
-one envelope's calls and the ends they belong to; each check gives back what is wrong
-(a message, and the table row at stake) for the oracle to raise as a violation of
-``I7``.
+The driver names the attempt of an ``on_success`` call by its number in the
+envelope's current stay (the dispatches since it was admitted), so that a call that
+comes late is judged against the attempt it reports, even after the next attempt
+began. A reporting ``on_failure`` that comes late is known by its error and number,
+which the row gives. :class:`Reports` keeps one envelope's calls and the ends they
+belong to; each check gives back what is wrong (a message, and the table row at
+stake) for the oracle to raise as a violation of ``I7``. (An ``on_failure`` that
+decides, and one before the move, the oracle matches with the attempt's end itself.)
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import TypeAlias
 
 import attrs
 
-__all__ = ["Problem", "Successes"]
+__all__ = ["Problem", "Reports"]
 
 #: What is wrong: a message (the envelope's name is the oracle's to add) and the table
 #: row at stake (None: no row).
@@ -58,18 +61,34 @@ class _Call:
 
 
 @attrs.define(eq=False)
-class Successes:
-    """One envelope's ``on_success`` calls, and the ends of its attempts they belong to."""
+class Reports:
+    """One envelope's calls of the hooks that report an end, and the ends of its
+    attempts they belong to."""
 
     pending: list[_Call] = attrs.Factory(list)
     ended: list[_Ended] = attrs.Factory(list)
+    #: The reporting on_failure calls (error, number) owed to ends already moved.
+    failures: list[tuple[str, int]] = attrs.Factory(list)
+
+    def owe_failure(self, hook: tuple[str, int]) -> None:
+        """An attempt ended in a ``REPORT_FAILURE`` row of a leased port with its
+        ``on_failure`` (``hook``: its error and number) not called yet: it may come."""
+        self.failures.append(hook)
+
+    def failure(self, hook: tuple[str, int]) -> bool:
+        """An ``on_failure`` call: whether it is one owed (then settled); if not, it
+        belongs with the end of an attempt to come."""
+        if hook in self.failures:
+            self.failures.remove(hook)
+            return True
+        return False
 
     def admitted(self) -> None:
         """A new stay: the attempts are counted afresh. Only the calls still owed to an
         earlier stay's attempts are kept (a leased port may report one late)."""
         self.ended = [e for e in self.ended if e.owed]
 
-    def called(self, attempt: int, stay: int) -> Problem | None:
+    def success(self, attempt: int, stay: int) -> Problem | None:
         """``on_success`` reported for ``attempt``: it settles a call still owed to an
         attempt that ended (the oldest first), waits for the end of one not ended yet,
         and is wrong for an attempt that ended otherwise or was reported already."""

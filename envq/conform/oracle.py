@@ -8,8 +8,8 @@ call, every call's result — and checks each against the contract:
   the one state the model allows in its situation (:func:`model_target`), the attempt's
   outcome is the one its scripted plan, its deadline or its cancel makes (or EXPIRED,
   at any point, from a port that declared ``leases``: decided as a TIMEOUT is), and the
-  hook calls, delays and causes are the ones the contract says (``on_success`` calls
-  are matched with the attempts they report by :mod:`envq.conform.hooks`);
+  hook calls, delays and causes are the ones the contract says (the calls of the
+  hooks that only report an end are matched with it by :mod:`envq.conform.hooks`);
 * each queue move is a transition of :class:`envq.model.LifecycleModel` caused by the
   call under way (or the stop draining);
 * each call answers as the lifecycle table says (its error, by name), a stop's report
@@ -66,7 +66,7 @@ from envq._machine import (
     StopMode,
 )
 from envq._schedule import CRON_SLACK
-from envq.conform.hooks import Problem, Successes
+from envq.conform.hooks import Problem, Reports
 from envq.conform.protocol import (
     ERRORS,
     EXPIRED_CAUSE,
@@ -446,24 +446,42 @@ class Track:
     lent: bool = False
     #: on_failure calls (error, number) since its last attempt ended.
     hooks: list[tuple[str, int]] = attrs.Factory(list)
-    successes: Successes = attrs.Factory(Successes)
+    #: Its reporting hooks' calls (:mod:`envq.conform.hooks`).
+    reports: Reports = attrs.Factory(Reports)
     #: How its last attempt ended (for a message).
     last_end: str = ""
+
+    def arrive(self, to: EnvState, delay: float, now: float, *, armed: bool) -> None:
+        """Check the state it enters with ``delay`` to wait; note its times."""
+        if armed:
+            want = ES.READY if delay <= 0 else ES.DELAYED
+            _check(
+                to is want,
+                "I7",
+                f"{self.name}: armed with {delay:g} s to wait, went {to.name} not {want.name}",
+                "ARMED",
+            )
+        if to is ES.READY:
+            self.sched = now
+        elif to is ES.DELAYED:
+            self.due = now + delay
+        elif to is ES.PARKED:
+            self.remaining = max(0.0, delay)
 
 
 def _on_success(t: Track, attempt: int) -> None:
     """An ``on_success`` call of ``t``, for its attempt number ``attempt``."""
     _check(t.spec.on_success, "I7", f"{t.name}: on_success called; it has none")
-    _hook_problem(t.name, t.successes.called(attempt, t.stays))
+    _hook_problem(t.name, t.reports.success(attempt, t.stays))
 
 
 def _hooks_accounted(t: Track, late_batches: int) -> None:
     """At an invariant check: every hook call of ``t`` belongs with an attempt —
     ``on_failure``'s with the end of the attempt in flight, ``on_success``'s with an
-    attempt's end within ``late_batches`` checks (:meth:`Successes.unmatched`)."""
+    attempt's end within ``late_batches`` checks (:meth:`Reports.unmatched`)."""
     unaccounted = f"{t.name}: on_failure calls unaccounted for: {t.hooks}{t.last_end}"
     _check(not t.hooks, "I7", unaccounted)
-    _hook_problem(t.name, t.successes.unmatched(t.state is ES.RUNNING, late_batches))
+    _hook_problem(t.name, t.reports.unmatched(t.state is ES.RUNNING, late_batches))
 
 
 @attrs.define(eq=False)
@@ -638,7 +656,8 @@ class Oracle:
                 t.attempt.cancelled_at = float(ev["t"])
             elif kind == "on_failure":
                 t = self.tracks[str(ev["env"])]
-                t.hooks.append((str(ev["error"]), int(ev["attempt"])))
+                if not t.reports.failure((str(ev["error"]), int(ev["attempt"]))):
+                    t.hooks.append((str(ev["error"]), int(ev["attempt"])))
             elif kind == "on_success":
                 _on_success(self.tracks[str(ev["env"])], int(ev["attempt"]))
             else:
@@ -667,7 +686,7 @@ class Oracle:
                 t.attempt = None
                 t.cancel_pending = None
                 t.hooks = []
-                t.successes.forget()
+                t.reports.forget()
 
     def _invoked(self, name: str, plan: Plan, now: float) -> None:
         t = self.tracks[name]
@@ -761,20 +780,20 @@ class Oracle:
             t.seq = self.admissions
             t.attempts = t.failures = 0
             t.attempt = None
-            t.successes.admitted()
+            t.reports.admitted()
             if self.life is QS.INIT:
                 _check(to is ES.BUFFERED, "I6", f"{name}: sent to an INIT queue, went {to.name}")
                 t.remaining = t.spec.delay
             else:
                 _check(self.life is QS.RUNNING, "I6", f"{name}: admitted while {self.life.name}")
-                self._arrive(t, to, _first_delay(t.spec, now, t.spec.delay), now, armed=True)
+                t.arrive(to, _first_delay(t.spec, now, t.spec.delay), now, armed=True)
         elif event is EnvEvent.START:
             _check(self.life is QS.RUNNING, "I6", f"{name}: armed while {self.life.name}")
             if frm is ES.BUFFERED:
                 delay = _first_delay(t.spec, now, t.spec.delay)
             else:  # a calendar skips the fires missed while stopped
                 delay = _first_delay(t.spec, now, 0.0) if t.spec.cron else t.remaining
-            self._arrive(t, to, delay, now, armed=True)
+            t.arrive(to, delay, now, armed=True)
         elif event is EnvEvent.DUE:
             _check(self.life is QS.RUNNING, "I6", f"{name}: due while {self.life.name}")
             _check(
@@ -832,23 +851,6 @@ class Oracle:
             self.terminal_counts[to] += 1
             if to is ES.RETURNED:
                 self.returned.append(name)
-
-    def _arrive(self, t: Track, to: EnvState, delay: float, now: float, *, armed: bool) -> None:
-        """Check the state an envelope enters with ``delay`` to wait; note its times."""
-        if armed:
-            want = ES.READY if delay <= 0 else ES.DELAYED
-            _check(
-                to is want,
-                "I7",
-                f"{t.name}: armed with {delay:g} s to wait, went {to.name} not {want.name}",
-                "ARMED",
-            )
-        if to is ES.READY:
-            t.sched = now
-        elif to is ES.DELAYED:
-            t.due = now + delay
-        elif to is ES.PARKED:
-            t.remaining = max(0.0, delay)
 
     def _planned_outcome(self, t: Track, att: AttemptLog, now: float) -> Outcome:
         """The outcome the attempt's plan, deadline or cancel makes (a StopType it
@@ -912,6 +914,7 @@ class Oracle:
         blacklisted = bool(t.spec.type) and t.spec.type in self.blacklist
         kind = "BLACKLISTED" if blacklisted else "PERIODIC" if t.spec.periodic else "ONE_OFF"
         row = f"OUTCOMES[{kind},{outcome.name}]"
+        action = OUTCOMES[(Kind[kind], outcome)].action
         if outcome is O.EXPIRED:
             # No plan makes a lease expire: a port whose store several processes share
             # reports it when another process reaps the attempt, at any point of its
@@ -973,19 +976,23 @@ class Oracle:
             late = blacklisted and self._hook_before_ban(t, outcome, hooks, now)
             _check(not hooks or late, "I7", f"{t.name}: on_failure called: {hooks}", row)
         else:
+            # A port with leases may run a hook that only reports after the move.
+            owed = self.leases and not hooks and action is Action.REPORT_FAILURE
             _check(
-                hooks == [expected.hook],
+                hooks == [expected.hook] or owed,
                 "I7",
                 f"{t.name}: on_failure {hooks}, expected {[expected.hook]}",
                 row,
             )
-        reports = t.spec.on_success and OUTCOMES[(Kind[kind], outcome)].action in _REPORTS
-        ended = t.successes.end(
+            if owed:
+                t.reports.owe_failure(expected.hook)
+        reports = t.spec.on_success and action in _REPORTS
+        ended = t.reports.end(
             t.attempts, t.stays, outcome.name, row, reports=reports, leases=self.leases
         )
         _hook_problem(t.name, ended)
         t.last_end = f", after attempt {t.attempts} ended {outcome.name} ({row})"
-        self._arrive(t, to, expected.delay, now, armed=False)
+        t.arrive(to, expected.delay, now, armed=False)
         t.attempt = None
 
     # -- calls ------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import envq
-from envq._machine import QueueState, StopMode
+from envq._machine import OUTCOMES, Action, Kind, Outcome, QueueState, StopMode
 from envq.conform.protocol import (
     ERRORS,
     HANG_RELEASES,
@@ -232,8 +232,10 @@ async def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> en
     if found is None:
         return None
     session, name = found
-    session.observe("on_failure", env=name, error=_cause(exc), attempt=attempt)
     spec = session.specs[name]
+    # A hook that only reports runs after the end committed: not held for the end.
+    notes = {"_reports": True} if _reports_only(exc, spec) else {}
+    session.observe("on_failure", env=name, error=_cause(exc), attempt=attempt, **notes)
     if spec.policy is Policy.DROP:
         return envq.drop()
     if spec.policy is Policy.RETRY_NOW:
@@ -243,6 +245,17 @@ async def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> en
     if spec.policy is Policy.CRASH:
         raise RuntimeError("on_failure crashed (planned)")
     return None
+
+
+def _reports_only(exc: BaseException, spec: EnvSpec) -> bool:
+    """Whether a node calls ``on_failure`` with ``exc`` to report an end it has
+    committed (a ``REPORT_FAILURE`` row: DoNotRetry), rather than to decide it."""
+    try:
+        outcome = Outcome(_cause(exc))
+    except ValueError:
+        return False
+    kind = Kind.PERIODIC if spec.periodic else Kind.ONE_OFF
+    return OUTCOMES[(kind, outcome)].action is Action.REPORT_FAILURE
 
 
 async def on_success(env: envq.Envelope) -> None:
@@ -402,8 +415,9 @@ class Session:
             await asyncio.sleep(0.005)
         fresh = [r for r in rows if r["n"] not in self.seen]
         cutoff = max([before, *(r["at"] for r in fresh)])
-        # An on_failure call is reported with the end of its attempt: until that end
-        # is committed, the attempt is still running as far as the database says.
+        # An on_failure call that decides is reported with the end of its attempt:
+        # until that end is committed, the attempt is still running as far as the
+        # database says. One that only reports comes after the end committed.
         ends: dict[int, float] = {}
         for r in fresh:
             if r["seq"] is not None and r["event"].startswith("attempt_"):
@@ -413,7 +427,7 @@ class Session:
         kept: list[tuple[float, dict[str, Any]]] = []
         for wall, ev in self.pending:
             early = wall <= cutoff
-            if early and ev["kind"] == "on_failure":
+            if early and ev["kind"] == "on_failure" and not ev.get("_reports"):
                 early = ended.get(ev["env"], -1.0) >= wall
             (mine if early else kept).append((wall, ev))
         self.pending = kept
@@ -424,7 +438,7 @@ class Session:
             if event is not None:
                 found.append((wall, tie, event))
         for _, _, ev in found:
-            self._number(ev)
+            self._reported(ev)
         found.sort(key=lambda x: (x[0], x[1]))
         return [(w, ev) for w, _, ev in found], counts
 
@@ -509,10 +523,12 @@ class Session:
             "cause": self._cause_of(name, outcome, to, r["at"]),
         }
 
-    def _number(self, ev: dict[str, Any]) -> dict[str, Any]:
-        """``ev``, an ``on_success`` call numbered: its attempt is the last claim of the
-        envelope before the attempt's invoke began, numbered among the claims of the
-        same row (a row is a stay: a re-sent envelope gets a new one)."""
+    def _reported(self, ev: dict[str, Any]) -> dict[str, Any]:
+        """``ev`` as it is reported, the driver's own notes dropped; an ``on_success``
+        call numbered: its attempt is the last claim of the envelope before the
+        attempt's invoke began, numbered among the claims of the same row (a row is a
+        stay: a re-sent envelope gets a new one)."""
+        ev.pop("_reports", None)
         if ev["kind"] == "on_success":
             invoked = ev.pop("_invoked", None)
             claims = [c for c in self.claims[ev["env"]] if invoked is None or c[0] <= invoked]
@@ -594,7 +610,7 @@ class Session:
         # it). A call that waits (send_wait, ...) is refused for what happened meanwhile.
         placed = received if cmd in REFUSED_AT_ONCE and not response["ok"] else time.time()
         if cmd in ("quit", "reset", "hello") or self.queue_name is None:
-            events: list[dict[str, Any]] = [self._number(ev) for _, ev in self.pending]
+            events: list[dict[str, Any]] = [self._reported(ev) for _, ev in self.pending]
             self.pending = []
             at = len(events)
         else:

@@ -1,8 +1,11 @@
-"""``on_success`` (the feature ``on_success``): an attempt that ends OK in a row that
-reports it calls the hook, and no other attempt does. In one process the call comes
-once, before the move that ends the attempt; a port whose store several processes
-share (``leases``) runs it after the end committed, at most once, and never for an end
-the store refused (an attempt that ended ``expired``)."""
+"""The hooks that report an attempt's end: ``on_success`` (the feature ``on_success``)
+and the ``on_failure`` of a DoNotRetry (row ``REPORT_FAILURE``).
+
+An attempt that ends OK in a row that reports it calls ``on_success``, and no other
+attempt does. In one process a reporting hook is called once, before the move that
+ends the attempt; a port whose store several processes share (``leases``) runs it
+after the end committed, at most once, and never for an end the store refused (an
+attempt that ended ``expired``)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import pytest
 from envq.conform import strategies
 from envq.conform.harness import Harness, ScriptError, load_script, replay, shape_problem
 from envq.conform.oracle import Oracle, Violation
-from envq.conform.protocol import FEATURES, SHARED_STORE_FEATURES, EnvSpec, Plan
+from envq.conform.protocol import FEATURES, SHARED_STORE_FEATURES, EnvSpec, Plan, Policy
 from envq.conform.runner import Options, run
 from envq.conform.transport import InProcessDriver
 from envq.driver import Session
@@ -192,21 +195,65 @@ class TestOnASharedStore:
         oracle.observe([_ok()])
 
 
+class TestAReportingOnFailure:
+    """DoNotRetry's row reports the failure with ``on_failure`` (its answer ignored)."""
+
+    def _no_retry(self, **options: Any) -> Oracle:
+        spec = EnvSpec(script=(Plan.NO_RETRY,), policy=Policy.DROP)
+        return running_oracle(spec, invoke="no_retry", **options)
+
+    def _events(self, *, after: bool) -> list[dict[str, Any]]:
+        end = {**_ok(to="failed", outcome="no_retry"), "cause": "no_retry"}
+        hook = {"t": 0.0, "kind": "on_failure", "env": "a", "error": "no_retry", "attempt": 1}
+        return [end, hook] if after else [hook, end]
+
+    @pytest.mark.parametrize("after", [False, True])
+    def test_before_or_after_the_move_with_leases(self, after: bool) -> None:
+        oracle = self._no_retry(leases=True)
+        oracle.observe(self._events(after=after))
+        oracle.check_invariants(None)
+
+    def test_not_after_the_move_in_one_process(self) -> None:
+        oracle = self._no_retry()
+        with pytest.raises(Violation, match=r"on_failure \[\], expected") as caught:
+            oracle.observe(self._events(after=True))
+        assert caught.value.row == "OUTCOMES[ONE_OFF,NO_RETRY]"
+
+    def test_at_most_once(self) -> None:
+        oracle = self._no_retry(leases=True)
+        events = self._events(after=True)
+        oracle.observe([*events, events[1]])
+        with pytest.raises(Violation, match="on_failure calls unaccounted for"):
+            oracle.check_invariants(None)
+
+    def test_a_deciding_hook_still_comes_before_the_move(self) -> None:
+        """Only a row that reports lets a leased port's hook come late: a decision is
+        the end's guard."""
+        spec = EnvSpec(script=(Plan.ERROR,), policy=Policy.DROP)
+        oracle = running_oracle(spec, invoke="error", leases=True)
+        end = {**_ok(to="failed", outcome="error"), "cause": "error"}
+        with pytest.raises(Violation, match=r"on_failure \[\], expected"):
+            oracle.observe([end])
+
+
 class _AfterCommit(Session):
-    """Each ``on_success`` reported after the move that ended its attempt, as the
-    PostgreSQL port reports it (the hook runs once the end committed)."""
+    """Each reporting hook (``on_success``, DoNotRetry's ``on_failure``) reported
+    after the move that ended its attempt, as the PostgreSQL port reports it (the
+    hook runs once the end committed)."""
 
     def __init__(self, clock: str = "virtual") -> None:
         super().__init__(clock)
-        self.held: dict[str, dict[str, Any]] = {}
+        self.held: dict[str, list[tuple[str, dict[str, Any]]]] = {}
 
     def observe(self, kind: str, **fields: Any) -> None:
-        if kind == "on_success":
-            self.held[fields["env"]] = fields
+        reports = kind == "on_success" or fields.get("error") == "no_retry"
+        if kind in ("on_success", "on_failure") and reports:
+            self.held.setdefault(fields["env"], []).append((kind, fields))
             return
         super().observe(kind, **fields)
-        if kind == "move" and fields.get("outcome") and fields["env"] in self.held:
-            super().observe("on_success", **self.held.pop(fields["env"]))
+        if kind == "move" and fields.get("outcome"):
+            for held, found in self.held.pop(fields["env"], []):
+                super().observe(held, **found)
 
 
 class ReportsAfterCommit(_AfterCommit, LeasedTimeouts):
@@ -256,12 +303,13 @@ class TestThroughTheHarness:
         assert result.error is None, result.error
         assert result.findings == []
         assert result.coverage.rows["OUTCOMES[ONE_OFF,OK]"] > 0
+        assert result.coverage.rows["OUTCOMES[ONE_OFF,NO_RETRY]"] > 0
 
     def test_and_not_without(self) -> None:
         result = run(lambda: InProcessDriver(ReportsAfterCommitInProcess), RUN)
         [finding] = result.findings
         assert finding.check == "I7"
-        assert "on_success was not called before" in finding.message
+        assert "was not called before" in finding.message or "on_failure []" in finding.message
 
     def test_the_observation_has_its_fields(self) -> None:
         command = {"cmd": "advance", "seconds": 1}
