@@ -189,8 +189,8 @@ def _check(ok: bool, check: str, message: str, row: str | None = None) -> None:
 
 
 def _hook_problem(name: str, problem: Problem | None) -> None:
-    """An ``on_success`` call out of place (:mod:`envq.conform.hooks`), as a violation
-    of I7 (the hooks the contract calls)."""
+    """A reporting hook's call out of place (:mod:`envq.conform.hooks`), as a
+    violation of I7 (the hooks the contract calls)."""
     if problem is not None:
         raise Violation("I7", f"{name}: {problem[0]}", problem[1])
 
