@@ -195,6 +195,9 @@ class Session:
         self.gates: dict[str, tuple[asyncio.Event, list[Plan]]] = {}
         self.events: list[dict[str, Any]] = []
         self._returned_at: int | None = None
+        #: Each envelope's attempts in its current stay (the dispatches since it was
+        #: admitted), the number its on_success reports.
+        self.attempts: dict[str, int] = {}
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -299,9 +302,14 @@ class Session:
         if event.envelope is None:
             self.observe("queue", **{"from": _name(event.from_state), "to": _name(event.to_state)})
             return
+        name = self.names.get(event.envelope, "?")
+        if event.from_state is envq.EnvState.NEW:
+            self.attempts[name] = 0
+        elif event.to_state is envq.EnvState.RUNNING:
+            self.attempts[name] = self.attempts.get(name, 0) + 1
         self.observe(
             "move",
-            env=self.names.get(event.envelope, "?"),
+            env=name,
             **{"from": _name(event.from_state), "to": _name(event.to_state)},
             outcome=_name(event.outcome),
             cause=None if event.cause is None else _cause(event.cause),
@@ -322,6 +330,12 @@ class Session:
             raise envq.StopType
         if plan is Plan.NO_RETRY:
             raise envq.DoNotRetry
+
+    async def on_success(self, env: envq.Envelope) -> None:
+        """A scripted envelope's on_success: reports the call and its attempt's number
+        (envq runs it before the move that ends the attempt)."""
+        name = self.names[env]
+        self.observe("on_success", env=name, attempt=self.attempts.get(name, 0))
 
     async def on_failure(
         self, env: envq.Envelope, exc: BaseException, attempt: int
@@ -426,6 +440,7 @@ class Session:
                     else envq.FIXED_DELAY
                 ),
                 on_failure=self.on_failure if spec.policy.has_on_failure else None,
+                on_success=self.on_success if spec.on_success else None,
                 retry=retry,
             )
         except (TypeError, ValueError) as exc:

@@ -77,6 +77,7 @@ _PLANS = _ENVQ.plans()
 #: Scripts lean to failures: retries, backoff and decisions need them in a row.
 _SCRIPTS = st.lists(st.sampled_from([*Plan, Plan.ERROR, Plan.ERROR]), max_size=3).map(tuple)
 _THEN = st.sampled_from([Plan.OK, Plan.SLOW, Plan.LONG, Plan.HANG])
+_ON_SUCCESS = st.booleans()
 
 
 @st.composite
@@ -101,6 +102,7 @@ def _env_specs(draw: st.DrawFn) -> EnvSpec:
         cap=cap,
         script=draw(_SCRIPTS),
         then=draw(_THEN),
+        on_success=draw(_ON_SUCCESS),
     )
 
 
@@ -115,7 +117,8 @@ _SEND_WAIT_TIMEOUTS = _ENVQ.send_wait_timeouts()
 
 def env_specs() -> st.SearchStrategy[EnvSpec]:
     """One-off and periodic envelopes (interval > deadline), with or without a
-    deadline, a first delay, a type, a failure policy and a script."""
+    deadline, a first delay, a type, a failure policy, a script and an on_success
+    hook."""
     return _ENV_SPECS
 
 

@@ -8,7 +8,8 @@ call, every call's result — and checks each against the contract:
   the one state the model allows in its situation (:func:`model_target`), the attempt's
   outcome is the one its scripted plan, its deadline or its cancel makes (or EXPIRED,
   at any point, from a port that declared ``leases``: decided as a TIMEOUT is), and the
-  hook calls, delays and causes are the ones the contract says;
+  hook calls, delays and causes are the ones the contract says (the calls of the
+  hooks that only report an end are matched with it by :mod:`envq.conform.hooks`);
 * each queue move is a transition of :class:`envq.model.LifecycleModel` caused by the
   call under way (or the stop draining);
 * each call answers as the lifecycle table says (its error, by name), a stop's report
@@ -49,8 +50,10 @@ from envq._machine import (
     LIFECYCLE,
     LIVE_STATES,
     OPERATOR_EVENTS,
+    OUTCOMES,
     STOP_PARKS,
     TERMINAL_STATES,
+    Action,
     CancelCause,
     DecisionKind,
     EnvEvent,
@@ -64,6 +67,7 @@ from envq._machine import (
     StopMode,
 )
 from envq._schedule import CRON_SLACK
+from envq.conform.hooks import Problem, Reports
 from envq.conform.protocol import (
     ERRORS,
     EXPIRED_CAUSE,
@@ -163,6 +167,8 @@ def _allowed_live() -> dict[QueueState, frozenset[EnvState]]:
 #: DRAIN (a STOP stop parks it: ``STOP_PARKS``).
 ALLOWED_LIVE: Final[Mapping[QueueState, frozenset[EnvState]]] = _allowed_live()
 _LIFE_MODEL: Final = lifecycle_moves()
+#: The actions of the rows that report an attempt's end with ``on_success``.
+_REPORTS: Final = frozenset({Action.SUCCEED, Action.RESCHEDULE})
 #: How long the attempts that sleep before they succeed take.
 _DURATIONS: Final = {Plan.SLOW: SLOW_SECONDS, Plan.LONG: LONG_SECONDS}
 
@@ -181,6 +187,13 @@ class Violation(AssertionError):
 def _check(ok: bool, check: str, message: str, row: str | None = None) -> None:
     if not ok:
         raise Violation(check, message, row)
+
+
+def _hook_problem(name: str, problem: Problem | None) -> None:
+    """A reporting hook's call out of place (:mod:`envq.conform.hooks`), as a
+    violation of I7 (the hooks the contract calls)."""
+    if problem is not None:
+        raise Violation("I7", f"{name}: {problem[0]}", problem[1])
 
 
 # ---------------------------------------------------------------------------------------
@@ -401,6 +414,19 @@ class AttemptLog:
         """A HANG attempt not yet released or cancelled."""
         return self.plan is Plan.HANG and self.release is None and self.cancelled_at is None
 
+    def deadline_first(self, deadline: float, latency: float, tolerance: float) -> bool:
+        """Whether its ``deadline`` may have cut it before a cancel asked for reached
+        it: the port declared that a cancel takes up to ``latency`` (its
+        ``cancel_latency``) to reach an attempt, and the attempt saw its cancel at its
+        deadline, no later than that after the first ask."""
+        if not latency or self.cancelled_at is None or self.cancel_asked is None:
+            return False
+        return (
+            deadline > 0
+            and self.cancelled_at >= self.start + deadline - tolerance
+            and self.cancelled_at <= self.cancel_asked + latency + tolerance
+        )
+
 
 @attrs.define(eq=False)
 class Track:
@@ -423,7 +449,44 @@ class Track:
     #: (who, and when first).
     cancel_pending: tuple[CancelCause, float] | None = None
     lent: bool = False
+    #: on_failure calls (error, number) since its last attempt ended.
     hooks: list[tuple[str, int]] = attrs.Factory(list)
+    #: Its reporting hooks' calls (:mod:`envq.conform.hooks`).
+    reports: Reports = attrs.Factory(Reports)
+    #: How its last attempt ended (for a message).
+    last_end: str = ""
+
+    def arrive(self, to: EnvState, delay: float, now: float, *, armed: bool) -> None:
+        """Check the state it enters with ``delay`` to wait; note its times."""
+        if armed:
+            want = ES.READY if delay <= 0 else ES.DELAYED
+            _check(
+                to is want,
+                "I7",
+                f"{self.name}: armed with {delay:g} s to wait, went {to.name} not {want.name}",
+                "ARMED",
+            )
+        if to is ES.READY:
+            self.sched = now
+        elif to is ES.DELAYED:
+            self.due = now + delay
+        elif to is ES.PARKED:
+            self.remaining = max(0.0, delay)
+
+
+def _on_success(t: Track, attempt: int) -> None:
+    """An ``on_success`` call of ``t``, for its attempt number ``attempt``."""
+    _check(t.spec.on_success, "I7", f"{t.name}: on_success called; it has none")
+    _hook_problem(t.name, t.reports.success(attempt, t.stays))
+
+
+def _hooks_accounted(t: Track, late_batches: int) -> None:
+    """At an invariant check: every hook call of ``t`` belongs with an attempt —
+    ``on_failure``'s with the end of the attempt in flight, ``on_success``'s with an
+    attempt's end within ``late_batches`` checks (:meth:`Reports.unmatched`)."""
+    unaccounted = f"{t.name}: on_failure calls unaccounted for: {t.hooks}{t.last_end}"
+    _check(not t.hooks, "I7", unaccounted)
+    _hook_problem(t.name, t.reports.unmatched(t.state is ES.RUNNING, late_batches))
 
 
 @attrs.define(eq=False)
@@ -494,6 +557,9 @@ class Oracle:
     ) -> None:
         self.tolerance = tolerance
         self.leases = leases
+        #: Invariant checks an on_success call may wait for the attempt it reports (a
+        #: real-clock port reports in batches: the moves may come in a later one).
+        self.late_batches = 0
         #: How long a stop's or terminate's cancel may take to reach an attempt in
         #: flight (a port that declared ``late_cancel``; 0: at once).
         self.cancel_latency = cancel_latency
@@ -595,7 +661,10 @@ class Oracle:
                 t.attempt.cancelled_at = float(ev["t"])
             elif kind == "on_failure":
                 t = self.tracks[str(ev["env"])]
-                t.hooks.append((str(ev["error"]), int(ev["attempt"])))
+                if not t.reports.failure((str(ev["error"]), int(ev["attempt"]))):
+                    t.hooks.append((str(ev["error"]), int(ev["attempt"])))
+            elif kind == "on_success":
+                _on_success(self.tracks[str(ev["env"])], int(ev["attempt"]))
             else:
                 raise Violation("protocol", f"unknown observation {ev!r}")
 
@@ -622,6 +691,7 @@ class Oracle:
                 t.attempt = None
                 t.cancel_pending = None
                 t.hooks = []
+                t.reports.forget()
 
     def _invoked(self, name: str, plan: Plan, now: float) -> None:
         t = self.tracks[name]
@@ -715,19 +785,20 @@ class Oracle:
             t.seq = self.admissions
             t.attempts = t.failures = 0
             t.attempt = None
+            t.reports.admitted()
             if self.life is QS.INIT:
                 _check(to is ES.BUFFERED, "I6", f"{name}: sent to an INIT queue, went {to.name}")
                 t.remaining = t.spec.delay
             else:
                 _check(self.life is QS.RUNNING, "I6", f"{name}: admitted while {self.life.name}")
-                self._arrive(t, to, _first_delay(t.spec, now, t.spec.delay), now, armed=True)
+                t.arrive(to, _first_delay(t.spec, now, t.spec.delay), now, armed=True)
         elif event is EnvEvent.START:
             _check(self.life is QS.RUNNING, "I6", f"{name}: armed while {self.life.name}")
             if frm is ES.BUFFERED:
                 delay = _first_delay(t.spec, now, t.spec.delay)
             else:  # a calendar skips the fires missed while stopped
                 delay = _first_delay(t.spec, now, 0.0) if t.spec.cron else t.remaining
-            self._arrive(t, to, delay, now, armed=True)
+            t.arrive(to, delay, now, armed=True)
         elif event is EnvEvent.DUE:
             _check(self.life is QS.RUNNING, "I6", f"{name}: due while {self.life.name}")
             _check(
@@ -786,23 +857,6 @@ class Oracle:
             if to is ES.RETURNED:
                 self.returned.append(name)
 
-    def _arrive(self, t: Track, to: EnvState, delay: float, now: float, *, armed: bool) -> None:
-        """Check the state an envelope enters with ``delay`` to wait; note its times."""
-        if armed:
-            want = ES.READY if delay <= 0 else ES.DELAYED
-            _check(
-                to is want,
-                "I7",
-                f"{t.name}: armed with {delay:g} s to wait, went {to.name} not {want.name}",
-                "ARMED",
-            )
-        if to is ES.READY:
-            t.sched = now
-        elif to is ES.DELAYED:
-            t.due = now + delay
-        elif to is ES.PARKED:
-            t.remaining = max(0.0, delay)
-
     def _planned_outcome(self, t: Track, att: AttemptLog, now: float) -> Outcome:
         """The outcome the attempt's plan, deadline or cancel makes (a StopType it
         carried out bans the type)."""
@@ -856,20 +910,6 @@ class Oracle:
         )
         return hooks == [unbanned.hook]
 
-    def _deadline_first(self, t: Track, att: AttemptLog) -> bool:
-        """Whether the attempt's deadline may have cut it before a cancel asked for
-        reached it: the port declared that a cancel takes up to ``cancel_latency`` to
-        reach an attempt, and the attempt saw its cancel at its deadline, no later than
-        that after the first ask."""
-        if not self.cancel_latency or att.cancelled_at is None or att.cancel_asked is None:
-            return False
-        deadline = t.spec.deadline
-        return (
-            deadline > 0
-            and att.cancelled_at >= att.start + deadline - self.tolerance
-            and att.cancelled_at <= att.cancel_asked + self.cancel_latency + self.tolerance
-        )
-
     def _outcome_event(
         self, t: Track, outcome: Outcome, to: EnvState, cause: object, now: float
     ) -> None:
@@ -879,6 +919,7 @@ class Oracle:
         blacklisted = bool(t.spec.type) and t.spec.type in self.blacklist
         kind = "BLACKLISTED" if blacklisted else "PERIODIC" if t.spec.periodic else "ONE_OFF"
         row = f"OUTCOMES[{kind},{outcome.name}]"
+        action = OUTCOMES[(Kind[kind], outcome)].action
         if outcome is O.EXPIRED:
             # No plan makes a lease expire: a port whose store several processes share
             # reports it when another process reaps the attempt, at any point of its
@@ -893,7 +934,8 @@ class Oracle:
         else:
             want = self._planned_outcome(t, att, now)
         cancel_cause = att.cancel_cause
-        if want is O.CANCELLED and outcome is O.TIMEOUT and self._deadline_first(t, att):
+        first = att.deadline_first(t.spec.deadline, self.cancel_latency, self.tolerance)
+        if want is O.CANCELLED and outcome is O.TIMEOUT and first:
             want, cancel_cause = O.TIMEOUT, None
         self.coverage.row(row)
         _check(
@@ -939,13 +981,23 @@ class Oracle:
             late = blacklisted and self._hook_before_ban(t, outcome, hooks, now)
             _check(not hooks or late, "I7", f"{t.name}: on_failure called: {hooks}", row)
         else:
+            # A port with leases may run a hook that only reports after the move.
+            owed = self.leases and not hooks and action is Action.REPORT_FAILURE
             _check(
-                hooks == [expected.hook],
+                hooks == [expected.hook] or owed,
                 "I7",
                 f"{t.name}: on_failure {hooks}, expected {[expected.hook]}",
                 row,
             )
-        self._arrive(t, to, expected.delay, now, armed=False)
+            if owed:
+                t.reports.owe_failure(expected.hook)
+        reports = t.spec.on_success and action in _REPORTS
+        ended = t.reports.end(
+            t.attempts, t.stays, outcome.name, row, reports=reports, leases=self.leases
+        )
+        _hook_problem(t.name, ended)
+        t.last_end = f", after attempt {t.attempts} ended {outcome.name} ({row})"
+        t.arrive(to, expected.delay, now, armed=False)
         t.attempt = None
 
     # -- calls ------------------------------------------------------------------------
@@ -1080,7 +1132,7 @@ class Oracle:
         for t in self.tracks.values():
             in_queue = 1 if t.state in LIVE else 0
             _check(t.ends == t.stays - in_queue, "I5", f"{t.name}: {t.stays} stays, {t.ends} ends")
-            _check(not t.hooks, "I7", f"{t.name}: on_failure calls unaccounted for: {t.hooks}")
+            _hooks_accounted(t, self.late_batches)
 
 
 def _check_due(delayed: Iterable[Track], now: float, tolerance: float) -> None:

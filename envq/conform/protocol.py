@@ -62,6 +62,7 @@ FEATURES: Final[Mapping[str, str]] = {
     "deadline": "a per-attempt deadline (TIMEOUT)",
     "delay": "a first delay after admission",
     "on_failure": "on_failure decisions: drop, retry_now, retry_after, a crash",
+    "on_success": "an on_success hook (the spec's on_success), reported as it runs",
     "retry_policy": "an exponential-backoff Retry policy without on_failure",
     "no_retry": "DoNotRetry ends the envelope (FAILED)",
     "stop_envelope": "StopEnvelope ends the envelope (STOPPED)",
@@ -195,6 +196,8 @@ class EnvSpec:
     script: tuple[Plan, ...] = attrs.field(default=(), converter=_plans)
     #: What its attempts do once the script is used up: OK, SLOW, LONG or HANG.
     then: Plan = Plan.OK
+    #: Whether it has an on_success hook (only for a port that declares ``on_success``).
+    on_success: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property
     def periodic(self) -> bool:
@@ -202,8 +205,8 @@ class EnvSpec:
         return self.interval > 0 or bool(self.cron)
 
     def to_json(self) -> dict[str, Any]:
-        """The spec as the protocol's JSON object (``cron`` only when set, so ports
-        that do not declare it never see the field)."""
+        """The spec as the protocol's JSON object (``cron`` and ``on_success`` only when
+        set, so ports that do not declare them never see the fields)."""
         data = {
             "type": self.type,
             "interval": self.interval,
@@ -220,6 +223,8 @@ class EnvSpec:
         }
         if self.cron:
             data["cron"] = self.cron
+        if self.on_success:
+            data["on_success"] = True
         return data
 
     @classmethod

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection
-from typing import Final
+from typing import Any, Final
 
 import attrs
 from hypothesis import strategies as st
 
 from envq.conform.protocol import HANG_RELEASES, EnvSpec, Plan, Policy, QueueConfig, StopCall
 
-__all__ = ["POOL_SIZE", "Profile"]
+__all__ = ["POOL_SIZE", "Profile", "spec_pool"]
 
 #: How many distinct envelope specs a run draws from.
 POOL_SIZE: Final = 400
@@ -91,6 +91,7 @@ class Profile:
             policies=policies,
             script_plans=script_plans,
             thens=thens,
+            on_success=self.has("on_success"),
         )
 
     # -- the queue and calls ----------------------------------------------------------
@@ -135,7 +136,20 @@ class Profile:
 CRON_EXPRS: Final = ("*/10 * * * * *", "5,30 * * * * *")
 
 
-def _env_specs(
+def _env_specs(**fields: Any) -> st.SearchStrategy[EnvSpec]:
+    """The specs of :func:`spec_pool` (``fields``: its arguments), drawn with one
+    choice each: a spec built field by field costs Hypothesis a dozen draws, which
+    dominated a run."""
+    ordered = spec_pool(**fields)
+
+    def spec_number(index: int) -> EnvSpec:
+        return ordered[index]
+
+    # By index: sampled_from would spell out the whole pool in Hypothesis's reports.
+    return st.integers(0, len(ordered) - 1).map(spec_number)
+
+
+def spec_pool(
     *,
     periodic: bool,
     fixed_rate: bool,
@@ -146,10 +160,11 @@ def _env_specs(
     policies: Collection[Policy],
     script_plans: Collection[Plan],
     thens: Collection[Plan],
-) -> st.SearchStrategy[EnvSpec]:
-    """A pool of envelope specs drawn with one choice each (a spec built field by field
-    costs Hypothesis a dozen draws, which dominated a run), simplest first so that
-    shrinking moves towards plain envelopes."""
+    on_success: bool = False,
+) -> list[EnvSpec]:
+    """The envelope specs a run draws from (at most :data:`POOL_SIZE`), simplest first
+    so that shrinking moves towards plain envelopes. With ``on_success``, about half
+    of them (all but the plainest) have an on_success hook."""
     rng = random.Random(20261124)
     plans = sorted(script_plans, key=lambda p: list(Plan).index(p))
     # A dict, not a set: its order (insertion) does not depend on string hashing, so
@@ -185,12 +200,12 @@ def _env_specs(
         if len(pool) >= POOL_SIZE:
             break
     ordered = sorted(pool, key=_complexity)
-
-    def spec_number(index: int) -> EnvSpec:
-        return ordered[index]
-
-    # By index: sampled_from would spell out the whole pool in Hypothesis's reports.
-    return st.integers(0, len(ordered) - 1).map(spec_number)
+    if on_success:
+        # A generator of its own: the pool's other fields, and the pools of ports that
+        # do not declare the feature, stay as they were.
+        hooks = random.Random(20260512)
+        ordered[1:] = [attrs.evolve(s, on_success=hooks.random() < 0.5) for s in ordered[1:]]
+    return ordered
 
 
 def _complexity(spec: EnvSpec) -> tuple[int, ...]:

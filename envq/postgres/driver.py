@@ -12,10 +12,12 @@ What the harness is told comes from where it happens:
 * every move of the queue and its envelopes is read back from the database's
   journal (``envq.journal``, turned on for the driver's queue only), in the order
   the database made them;
-* ``invoke``, ``cancelled`` and ``on_failure`` are recorded by the envelopes' own
-  callables, :func:`invoke` and :func:`on_failure`, which run in this process on
-  whichever node claimed the attempt and find their script by the envelope's name
-  (its ``id``, carried in the payload too).
+* ``invoke``, ``cancelled``, ``on_failure`` and ``on_success`` are recorded by the
+  envelopes' own callables, :func:`invoke`, :func:`on_failure` and :func:`on_success`,
+  which run in this process on whichever node claimed the attempt and find their
+  script by the envelope's name (its ``id``, carried in the payload too). An
+  ``on_success`` call is numbered from the journal: its attempt is the last claim of
+  the envelope before the attempt's ``invoke`` began.
 
 The observations of both sources are merged by time: a journal row's is the time it
 was written, except that an envelope move that saw the queue in a state the rows
@@ -49,11 +51,12 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import envq
-from envq._machine import QueueState, StopMode
+from envq._machine import OUTCOMES, Action, Kind, Outcome, QueueState, StopMode
 from envq.conform.protocol import (
     ERRORS,
     HANG_RELEASES,
@@ -80,7 +83,16 @@ if TYPE_CHECKING:
 
     from envq.postgres._server import ThrowawayServer
 
-__all__ = ["DIVERGENCES", "FEATURES", "DriverError", "Session", "invoke", "main", "on_failure"]
+__all__ = [
+    "DIVERGENCES",
+    "FEATURES",
+    "DriverError",
+    "Session",
+    "invoke",
+    "main",
+    "on_failure",
+    "on_success",
+]
 
 #: The optional features of the protocol this driver declares.
 FEATURES: Final = (
@@ -90,6 +102,7 @@ FEATURES: Final = (
     "delay",
     "no_retry",
     "on_failure",
+    "on_success",
     "periodic",
     "restart",
     "retry_policy",
@@ -100,6 +113,7 @@ FEATURES: Final = (
     "stop_type",
     "terminate_handback",
     "late_cancel",
+    "leases",
 )
 
 _DOCS: Final = "docs/postgres.md#conformance"
@@ -133,6 +147,12 @@ DIVERGENCES: Final[tuple[dict[str, Any], ...]] = (
     },
     {
         "name": "event order per envelope only",
+        "checks": [],
+        "classification": "design",
+        "reference": _DOCS,
+    },
+    {
+        "name": "reporting hooks run after the end commits",
         "checks": [],
         "classification": "design",
         "reference": _DOCS,
@@ -192,6 +212,7 @@ async def invoke(env: envq.Envelope) -> None:
     session, name = found
     script = session.scripts[name]
     plan = script.popleft() if script else session.specs[name].then
+    session.invoked[env] = time.time()
     session.observe("invoke", env=name, plan=plan.value)
     plan = await play(plan, name, session.gates, session.observe, session.real)
     error: BaseException | None = {
@@ -211,8 +232,10 @@ async def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> en
     if found is None:
         return None
     session, name = found
-    session.observe("on_failure", env=name, error=_cause(exc), attempt=attempt)
     spec = session.specs[name]
+    # A hook that only reports runs after the end committed: not held for the end.
+    notes = {"_reports": True} if _reports_only(exc, spec) else {}
+    session.observe("on_failure", env=name, error=_cause(exc), attempt=attempt, **notes)
     if spec.policy is Policy.DROP:
         return envq.drop()
     if spec.policy is Policy.RETRY_NOW:
@@ -222,6 +245,29 @@ async def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> en
     if spec.policy is Policy.CRASH:
         raise RuntimeError("on_failure crashed (planned)")
     return None
+
+
+def _reports_only(exc: BaseException, spec: EnvSpec) -> bool:
+    """Whether a node calls ``on_failure`` with ``exc`` to report an end it has
+    committed (a ``REPORT_FAILURE`` row: DoNotRetry), rather than to decide it."""
+    try:
+        outcome = Outcome(_cause(exc))
+    except ValueError:
+        return False
+    kind = Kind.PERIODIC if spec.periodic else Kind.ONE_OFF
+    return OUTCOMES[(kind, outcome)].action is Action.REPORT_FAILURE
+
+
+async def on_success(env: envq.Envelope) -> None:
+    """A scripted envelope's ``on_success``: reports the call, which the node makes once
+    the attempt's end has committed. Its attempt's number is found when the call is
+    collected (:meth:`Session.collect`): the claim of the envelope before the
+    attempt's ``invoke`` (the same object, ``env``, as this call's) began."""
+    found = _session_of(env)
+    if found is None:
+        return
+    session, name = found
+    session.observe("on_success", env=name, _invoked=session.invoked.pop(env, None))
 
 
 # -- the session ---------------------------------------------------------------------------
@@ -261,6 +307,10 @@ class Session:
         self.gates: dict[str, tuple[asyncio.Event, list[Plan]]] = {}
         #: What the attempts of each envelope raised: (wall time, cause name).
         self.raised: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
+        #: When each attempt's invoke began (by its envelope object, one per attempt),
+        #: and the claims of each envelope in the journal: (time, its row's ``seq``).
+        self.invoked: weakref.WeakKeyDictionary[envq.Envelope, float] = weakref.WeakKeyDictionary()
+        self.claims: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
         #: In-process observations not yet reported: (wall time, observation).
         self.pending: list[tuple[float, dict[str, Any]]] = []
         #: Journal rows already reported (their ``n``).
@@ -365,8 +415,9 @@ class Session:
             await asyncio.sleep(0.005)
         fresh = [r for r in rows if r["n"] not in self.seen]
         cutoff = max([before, *(r["at"] for r in fresh)])
-        # An on_failure call is reported with the end of its attempt: until that end
-        # is committed, the attempt is still running as far as the database says.
+        # An on_failure call that decides is reported with the end of its attempt:
+        # until that end is committed, the attempt is still running as far as the
+        # database says. One that only reports comes after the end committed.
         ends: dict[int, float] = {}
         for r in fresh:
             if r["seq"] is not None and r["event"].startswith("attempt_"):
@@ -376,46 +427,20 @@ class Session:
         kept: list[tuple[float, dict[str, Any]]] = []
         for wall, ev in self.pending:
             early = wall <= cutoff
-            if early and ev["kind"] == "on_failure":
+            if early and ev["kind"] == "on_failure" and not ev.get("_reports"):
                 early = ended.get(ev["env"], -1.0) >= wall
             (mine if early else kept).append((wall, ev))
         self.pending = kept
         found: list[tuple[float, float, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
-        for wall, tie, r in self._in_order(fresh):
+        for wall, tie, r in _in_order(fresh, self.life):
             self.seen.add(r["n"])
             event = self._move(r)
             if event is not None:
                 found.append((wall, tie, event))
+        for _, _, ev in found:
+            self._reported(ev)
         found.sort(key=lambda x: (x[0], x[1]))
         return [(w, ev) for w, _, ev in found], counts
-
-    def _in_order(self, rows: list[Any]) -> list[tuple[float, float, Any]]:
-        """Journal rows in the order the database made their moves, each with the time
-        and tie-break it is sorted by: by the time its row was written, except that an
-        envelope move that saw the queue in a state the rows before it have left (it
-        read the queue while a lifecycle call was under way, then wrote its row after
-        the call's) goes just before the queue's move out of that state."""
-        placed: list[tuple[float, float, Any]] = []
-        life = self.life
-        for r in sorted(rows, key=lambda r: (r["at"], r["n"])):
-            seen = r["queue_state"]
-            if r["seq"] is None:
-                life = r["to_state"]
-            elif seen is not None and seen != life:
-                left = next(
-                    (
-                        i
-                        for i in range(len(placed) - 1, -1, -1)
-                        if placed[i][2]["seq"] is None and placed[i][2]["from_state"] == seen
-                    ),
-                    None,
-                )
-                if left is not None:
-                    wall, tie, _ = placed[left]
-                    placed.insert(left, (wall, tie - 0.5, r))
-                    continue
-            placed.append((r["at"], float(r["n"]), r))
-        return placed
 
     async def _snapshot(self, stats: bool) -> tuple[float, list[Any], Any]:
         """One snapshot of the database: the wall time just before it, the journal's
@@ -483,6 +508,8 @@ class Session:
         to = r["to_state"]
         if frm == "new":
             self.admitted[name] = r["n"]  # admission order: the journal's
+        elif to == "running":
+            self.claims[name].append((r["at"], r["seq"]))
         self.states[name] = to
         if outcome is not None and self.run is not None:
             (self.run.cancelled if outcome == "cancelled" else self.run.completed).append(name)
@@ -495,6 +522,19 @@ class Session:
             "outcome": outcome,
             "cause": self._cause_of(name, outcome, to, r["at"]),
         }
+
+    def _reported(self, ev: dict[str, Any]) -> dict[str, Any]:
+        """``ev`` as it is reported, the driver's own notes dropped; an ``on_success``
+        call numbered: its attempt is the last claim of the envelope before the
+        attempt's invoke began, numbered among the claims of the same row (a row is a
+        stay: a re-sent envelope gets a new one)."""
+        ev.pop("_reports", None)
+        if ev["kind"] == "on_success":
+            invoked = ev.pop("_invoked", None)
+            claims = [c for c in self.claims[ev["env"]] if invoked is None or c[0] <= invoked]
+            row = claims[-1][1] if claims else None
+            ev["attempt"] = sum(1 for _, seq in claims if seq == row)
+        return ev
 
     def _cause_of(self, name: str, outcome: str | None, to: str, at: float) -> str | None:
         """The error behind the end of an attempt: the outcome's own (a retry policy
@@ -570,7 +610,7 @@ class Session:
         # it). A call that waits (send_wait, ...) is refused for what happened meanwhile.
         placed = received if cmd in REFUSED_AT_ONCE and not response["ok"] else time.time()
         if cmd in ("quit", "reset", "hello") or self.queue_name is None:
-            events: list[dict[str, Any]] = [ev for _, ev in self.pending]
+            events: list[dict[str, Any]] = [self._reported(ev) for _, ev in self.pending]
             self.pending = []
             at = len(events)
         else:
@@ -700,6 +740,7 @@ class Session:
                 delay=self.real(spec.delay),
                 schedule=envq.FIXED_RATE if spec.fixed_rate else envq.FIXED_DELAY,
                 on_failure=on_failure if spec.policy.has_on_failure else None,
+                on_success=on_success if spec.on_success else None,
                 retry=retry,
                 payload={"env": name, "session": self.token},
             )
@@ -833,6 +874,35 @@ class Session:
     async def cmd_quit(self, command: dict[str, Any]) -> None:
         """End the session."""
         await self.close()
+
+
+def _in_order(rows: list[Any], life: str) -> list[tuple[float, float, Any]]:
+    """Journal rows in the order the database made their moves (``life``: the queue's
+    state before the first of them), each with the time and tie-break it is sorted
+    by: by the time its row was written, except that an envelope move that saw the
+    queue in a state the rows before it have left (it read the queue while a lifecycle
+    call was under way, then wrote its row after the call's) goes just before the
+    queue's move out of that state."""
+    placed: list[tuple[float, float, Any]] = []
+    for r in sorted(rows, key=lambda r: (r["at"], r["n"])):
+        seen = r["queue_state"]
+        if r["seq"] is None:
+            life = r["to_state"]
+        elif seen is not None and seen != life:
+            left = next(
+                (
+                    i
+                    for i in range(len(placed) - 1, -1, -1)
+                    if placed[i][2]["seq"] is None and placed[i][2]["from_state"] == seen
+                ),
+                None,
+            )
+            if left is not None:
+                wall, tie, _ = placed[left]
+                placed.insert(left, (wall, tie - 0.5, r))
+                continue
+        placed.append((r["at"], float(r["n"]), r))
+    return placed
 
 
 def _effect(cmd: str, ok: bool, timed: list[tuple[float, dict[str, Any]]], received: float) -> int:

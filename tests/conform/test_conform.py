@@ -43,6 +43,9 @@ EXPECTED = {
     "periodic_after_stop": "I7 OUTCOMES[PERIODIC,OK]",
     "terminate_drops_parked": "I5",
     "late_cron": "I7",
+    # on_failure called after the move that ended its attempt: nothing accounts for it
+    "decides_twice": "I7",
+    "succeeds_expired": "I7 OUTCOMES[ONE_OFF,EXPIRED]",
 }
 
 #: The most commands a faulty driver's shrunk counterexample may need.
@@ -157,6 +160,21 @@ class TestFaultyDrivers:
         faulty = [sys.executable, FAULTY_SCRIPT, "terminate_drops_parked"]
         assert main(["--replay", str(path), "--", *faulty]) == 1
         assert "VIOLATION [I5]" in capsys.readouterr().out
+        assert main(["--replay", str(path), "--", *DRIVER]) == 0
+        assert "no violation" in capsys.readouterr().out
+
+    @pytest.mark.parametrize("name", ["decides_twice", "succeeds_expired"])
+    def test_a_leased_fault_replays_from_the_command_line(
+        self, name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The two faults of hooks run for an end that lost its lease, as ports whose
+        store several processes share: each counterexample replays against the
+        faulty driver process and passes against the reference driver."""
+        result = run(lambda: _in_process(FAULTY[name]), FAULTY_RUN)
+        [path] = save_scripts(result, tmp_path)
+        faulty = [sys.executable, FAULTY_SCRIPT, name]
+        assert main(["--replay", str(path), "--", *faulty]) == 1
+        assert f"VIOLATION [{EXPECTED[name]}]" in capsys.readouterr().out
         assert main(["--replay", str(path), "--", *DRIVER]) == 0
         assert "no violation" in capsys.readouterr().out
 

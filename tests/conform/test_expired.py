@@ -25,6 +25,7 @@ from envq.conform.protocol import (
 from envq.conform.runner import Options, report, run
 from envq.conform.transport import InProcessDriver
 from envq.driver import Session
+from tests.conform.faulty_drivers import LeasedTimeouts, Undeclared
 from tests.conform.oracles import running_oracle
 
 ES = EnvState
@@ -132,45 +133,6 @@ def test_the_reference_driver_does_not_declare_leases() -> None:
         session.close()
     assert "leases" in SHARED_STORE_FEATURES <= FEATURES.keys()
     assert set(hello["features"]) == FEATURES.keys() - SHARED_STORE_FEATURES
-
-
-class LeasedTimeouts(Session):
-    """A port whose attempts end ``expired`` where envq's end TIMEOUT: as if each
-    attempt's lease ran out exactly at its deadline. It declares ``leases`` unless
-    built with ``declare=False``."""
-
-    declare = True
-
-    def observe(self, kind: str, **fields: Any) -> None:
-        """Every TIMEOUT (its move, its cause, the error on_failure sees) as expired."""
-        if kind == "move" and fields.get("outcome") == "timeout":
-            fields["outcome"] = "expired"
-            if fields.get("cause") == "timeout":
-                fields["cause"] = EXPIRED_CAUSE
-        if kind == "on_failure" and fields.get("error") == "timeout":
-            fields["error"] = EXPIRED_CAUSE
-        super().observe(kind, **fields)
-
-    def cmd_hello(self, command: dict[str, Any]) -> dict[str, Any]:
-        """The reference driver's answer, ``leases`` added."""
-        answer = super().cmd_hello(command)
-        if self.declare:
-            answer["features"] = sorted({*answer["features"], "leases"})
-        return answer
-
-    def cmd_stats(self, command: dict[str, Any]) -> dict[str, Any]:
-        """The timeouts counted as expired leases."""
-        stats = super().cmd_stats(command)
-        outcomes = stats["outcomes"]
-        outcomes["expired"] = outcomes.get("expired", 0) + outcomes.pop("timeout", 0)
-        outcomes["timeout"] = 0
-        return stats
-
-
-class Undeclared(LeasedTimeouts):
-    """The same port, ``leases`` not declared."""
-
-    declare = False
 
 
 #: A short generated run (deadlines are common: attempts end expired in most examples).

@@ -241,6 +241,66 @@ async def test_an_admitted_send_takes_effect_after_the_end_that_made_room(pg_dsn
         assert response["effect"] == moves.index(("b", "delayed")) < response["at"]
 
 
+@pytest.mark.real_clock
+async def test_on_success_comes_after_the_end_numbered_in_its_stay(pg_dsn: str) -> None:
+    """A node runs ``on_success`` once the attempt's end committed: the call is
+    reported after the move that ended the attempt, numbered by the claims of the
+    envelope's row (the second attempt, after a retry; the first again once the
+    envelope was sent anew, a new row)."""
+    spec = {"script": ["error"], "policy": "retry_now", "on_success": True}
+    async with _session(
+        pg_dsn,
+        {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
+        {"cmd": "queue", "workers": 1},
+        {"cmd": "define", "env": "a", "spec": spec},
+        {"cmd": "start"},
+    ) as session:
+        events: list[dict[str, Any]] = []
+
+        async def until_called(times: int) -> None:
+            async with asyncio.timeout(10):
+                while sum(ev["kind"] == "on_success" for ev in events) < times:
+                    events.extend((await session.handle({"cmd": "stats"}))["events"])
+
+        events.extend((await session.handle({"cmd": "send", "envs": ["a"]}))["events"])
+        await until_called(1)
+        await session.handle({"cmd": "plan", "env": "a", "plan": "ok"})
+        events.extend((await session.handle({"cmd": "send", "envs": ["a"]}))["events"])
+        await until_called(2)
+    calls = [i for i, ev in enumerate(events) if ev["kind"] == "on_success"]
+    ends = [i for i, ev in enumerate(events) if ev["kind"] == "move" and ev["outcome"] == "ok"]
+    assert [events[i]["attempt"] for i in calls] == [2, 1]
+    assert "_invoked" not in events[calls[0]]
+    assert ends[0] < calls[0] < ends[1] < calls[1]
+
+
+@pytest.mark.real_clock
+async def test_a_reporting_on_failure_comes_after_the_end(pg_dsn: str) -> None:
+    """DoNotRetry's ``on_failure`` only reports the end: the node calls it once the end
+    committed, and the driver reports it after the move (it is not held back for an
+    end to come, as a deciding call is)."""
+    spec = {"script": ["no_retry"], "policy": "drop"}
+    async with _session(
+        pg_dsn,
+        {"cmd": "hello", "protocol": PROTOCOL, "time_scale": 0.05},
+        {"cmd": "queue", "workers": 1},
+        {"cmd": "define", "env": "a", "spec": spec},
+        {"cmd": "start"},
+    ) as session:
+        events = (await session.handle({"cmd": "send", "envs": ["a"]}))["events"]
+        async with asyncio.timeout(10):
+            while not any(ev["kind"] == "on_failure" for ev in events):
+                events.extend((await session.handle({"cmd": "stats"}))["events"])
+    kinds = [(ev["kind"], ev.get("to")) for ev in events if ev["kind"] != "queue"]
+    assert kinds[-2:] == [("move", "failed"), ("on_failure", None)]
+    assert {k: v for k, v in events[-1].items() if k != "t"} == {
+        "kind": "on_failure",
+        "env": "a",
+        "error": "no_retry",
+        "attempt": 1,
+    }
+
+
 def _ev(kind: str, **fields: Any) -> dict[str, Any]:
     return {"t": 0.0, "kind": kind, **fields}
 
