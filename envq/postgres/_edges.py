@@ -32,6 +32,7 @@ __all__ = [
     "CommitUnheard",
     "NeverFits",
     "StoreUnavailable",
+    "check_caller_connection",
     "check_capacity",
     "check_dsn",
     "check_lease",
@@ -108,6 +109,26 @@ LEASE_MIN: Final = 0.1
 #: The longest lease: a day (an attempt longer than that is renewed, not leased once;
 #: a lease of years would outrun PostgreSQL's intervals and timestamps).
 LEASE_MAX: Final = 86400.0
+
+
+def check_caller_connection(what: str, conn: object) -> None:
+    """A caller's connection for a transactional send: an asyncpg connection (or a
+    pool's proxy of one) inside a transaction.
+
+    :raises TypeError: not an asyncpg connection; :class:`ValueError`: not in a
+        transaction (the send would commit on its own).
+    """
+    in_transaction = getattr(conn, "is_in_transaction", None)
+    if not callable(in_transaction) or not callable(getattr(conn, "fetchrow", None)):
+        raise TypeError(
+            f"{what} must be an asyncpg connection in a transaction (asyncpg.Connection, or"
+            f" a pool's), got {type(conn).__name__}"
+        )
+    if not in_transaction():
+        raise ValueError(
+            f"{what}: the connection is not in a transaction; call send() inside"
+            " `async with connection.transaction():` (the batch is admitted when it commits)"
+        )
 
 
 def check_dsn(where: str, dsn: object) -> str:

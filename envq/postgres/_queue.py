@@ -75,6 +75,7 @@ from envq.postgres._edges import (
     CommitUnheard,
     NeverFits,
     StoreUnavailable,
+    check_caller_connection,
     check_dsn,
     check_lease,
     check_node_name,
@@ -648,10 +649,18 @@ class PgQueue(PgOperatorCalls, PgObservation):
 
     # -- sending -----------------------------------------------------------------------
 
-    @on_its_loop
-    async def send(self, *envelopes: Envelope) -> int:
+    async def send(self, *envelopes: Envelope, connection: Any = None) -> int:
         """Admit envelopes, all or none, in one transaction; the number admitted (an
         envelope whose ``id`` is live in the queue already is a dedup, not admitted).
+
+        With ``connection`` (an asyncpg connection inside a transaction of the
+        caller's), the batch is admitted inside that transaction: it is admitted if and
+        only if the caller commits, under the same checks (state, blacklist, dedup,
+        capacity), and the nodes hear of it at the commit. The call runs on the
+        caller's loop; a refusal leaves the caller's transaction usable (the batch's
+        statements run under a savepoint). With a capacity, the queue's send lock is
+        then held until the caller's transaction ends, and the transaction must be READ
+        COMMITTED. See docs/postgres.md, *Transactional send*.
 
         :raises BadEnvelopeType: an envelope that cannot cross processes (the message
             names the field); :class:`CapacityExceeded`: the batch does not fit;
@@ -662,8 +671,13 @@ class PgQueue(PgOperatorCalls, PgObservation):
             not be asked whether it did (admitted whole or not at all). A connection
             lost as the batch committed is resolved by asking the database: if it
             committed, ``send`` returns as usual.
+        :raises TypeError: ``connection`` is not an asyncpg connection;
+            :class:`ValueError`: it is not in a transaction, or (with a capacity) its
+            transaction is not READ COMMITTED.
         """
         label = f"queue {self.name!r}: send()"
+        if connection is not None:
+            check_caller_connection(f"{label} connection", connection)
         try:
             rows = [encode(env, label) for env in envelopes]
         except BadEnvelope:
@@ -671,6 +685,27 @@ class PgQueue(PgOperatorCalls, PgObservation):
             raise
         if not rows:
             return 0
+        if connection is not None:
+            return await self._send_within(connection, rows, label)
+        return await self._send_batch(rows, label)
+
+    async def _send_within(self, conn: Any, rows: Sequence[Encoded], label: str) -> int:
+        """A send inside the caller's transaction, under a savepoint (a refusal leaves
+        the caller's transaction usable)."""
+        try:
+            async with conn.transaction():
+                admitted, _, capacity = await _admit(conn, self.name, rows, caller=True)
+        except tuple(_REJECTIONS) as error:
+            reason = next(r for cls, r in _REJECTIONS.items() if isinstance(error, cls))
+            self._rejections[reason] = self._rejections.get(reason, 0) + 1
+            raise
+        self.capacity = capacity
+        self._dedups += len(rows) - admitted
+        return admitted
+
+    @on_its_loop
+    async def _send_batch(self, rows: Sequence[Encoded], label: str) -> int:
+        """A send in a transaction of its own, on a session of the queue's pool."""
         import asyncpg  # noqa: PLC0415
 
         await self._events.ready()
@@ -744,17 +779,28 @@ class PgQueue(PgOperatorCalls, PgObservation):
                 await self._node.sleep(min(self.poll, 0.1))
 
 
-async def _admit(conn: _Conn, name: str, rows: Sequence[Encoded]) -> tuple[int, str, int]:
+async def _admit(
+    conn: _Conn, name: str, rows: Sequence[Encoded], *, caller: bool = False
+) -> tuple[int, str, int]:
     """The statements of a send, in its transaction: the number of rows inserted, the
-    transaction's id, and the queue's capacity as its row says now."""
+    transaction's id, and the queue's capacity as its row says now. ``caller``: the
+    transaction is the caller's (a transactional send), whose isolation is checked
+    where the capacity needs it."""
     found = await conn.fetchrow(
         "SELECT state, blacklist, capacity,"
-        " extract(epoch FROM clock_timestamp())::float8 AS now"
+        " extract(epoch FROM clock_timestamp())::float8 AS now,"
+        " current_setting('transaction_isolation') AS isolation"
         " FROM envq.queues WHERE name = $1 FOR SHARE",
         name,
     )
     if found is None:
         raise QueueNotRunning(f"queue {name!r} does not exist")
+    if caller and found["capacity"] and found["isolation"] != "read committed":
+        # The room is read from counts the transaction's snapshot may predate.
+        raise ValueError(
+            f"queue {name!r}: send(connection=...) to a queue with a capacity needs a READ"
+            f" COMMITTED transaction (this one is {found['isolation']})"
+        )
     state = QueueState(found["state"])
     row = LIFECYCLE[(state, QueueCall.SEND)]
     if row.action is LifeAction.REJECT:
