@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import os
 import sys
@@ -238,9 +239,30 @@ SELECT q.name, q.state::text AS state, q.capacity, q.blacklist,
 """
 
 
+#: The nodes connected to this database: envq's sessions name themselves ``envq:<node>``
+#: (pg_stat_activity shows every role's ``application_name``).
+_CONNECTED: Final = """
+SELECT substr(a.application_name, 6) AS node, count(*) AS sessions,
+       min(a.backend_start) AS since, min(host(a.client_addr)) AS client
+  FROM pg_stat_activity AS a
+ WHERE a.datname = current_database() AND a.application_name LIKE 'envq:%'
+   AND a.pid <> pg_backend_pid()
+ GROUP BY 1 ORDER BY 1
+"""
+
+
 async def _status(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
     check(await installed(conn), "status")
     rows = await conn.fetch(_STATUS, args.queue)
+    connected = [
+        {
+            "node": r["node"],
+            "sessions": r["sessions"],
+            "since": r["since"].isoformat() if r["since"] is not None else None,
+            "client": r["client"],
+        }
+        for r in await conn.fetch(_CONNECTED)
+    ]
     if args.queue is not None and not rows:
         raise _Refused(f"no queue named {args.queue!r}")
     queues = [
@@ -266,7 +288,15 @@ async def _status(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
                 f"  node {node['owner']}: {node['running']} running, earliest lease "
                 f"expires in {node['expires_in_s']} s"
             )
-    _say(out, args, {"queues": queues}, "\n".join(lines) or "no queues")
+    if not queues:
+        lines.append("no queues")
+    lines.append(f"nodes connected: {len(connected)}")
+    for node in connected:
+        where = f" from {node['client']}" if node["client"] else ""
+        lines.append(
+            f"  {node['node']}: {node['sessions']} session(s){where} since {node['since']}"
+        )
+    _say(out, args, {"queues": queues, "connected": connected}, "\n".join(lines))
 
 
 _LIST: Final = """
@@ -355,10 +385,23 @@ async def _show(conn: Any, args: argparse.Namespace, out: TextIO) -> None:
     if error:
         lines += ["last error:", f"  {error['type']}: {error['message']}"]
         lines += ["  " + line for line in error["traceback"].rstrip().splitlines()]
+    if data["history"]:
+        lines.append("failed attempts:")
     for h in data["history"]:
-        what = "" if not h.get("error") else f" {h['error']['type']}: {h['error']['message']}"
-        lines.append(f"attempt {h['attempt']} {h['outcome']} on {h['node']}{what}")
+        what = "" if not h.get("error") else f"  {h['error']['type']}: {h['error']['message']}"
+        outcome = str(h["outcome"]).removeprefix("attempt_")
+        lines.append(
+            f"  {h['attempt']}  {outcome}  on {h['node']}  {_when(h.get('started'))}"
+            f" -> {_when(h.get('ended'))}{what}"
+        )
     _say(out, args, data, "\n".join(lines))
+
+
+def _when(epoch: object) -> str:
+    """A time of the story (seconds since the epoch) as UTC ISO 8601."""
+    if not isinstance(epoch, int | float):
+        return "?"
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _seq(text: str) -> int:

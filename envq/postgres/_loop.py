@@ -44,7 +44,8 @@ def on_its_loop(
             return await method(self, *args, **kwargs)
         if home.is_closed() or not home.is_running():
             raise RuntimeError(
-                f"queue {self.name!r}: {method.__name__}() was called from another event "
+                f"queue {self.name!r}: {method.__name__.lstrip('_').removesuffix('_batch')}()"
+                " was called from another event "
                 "loop while the loop that connected the queue is not running; call it "
                 "from that loop, or keep that loop running (in its thread)"
             )

@@ -38,6 +38,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 from envq import _checks
@@ -685,21 +686,14 @@ class PgQueue(PgOperatorCalls, PgObservation):
             raise
         if not rows:
             return 0
-        if connection is not None:
-            return await self._send_within(connection, rows, label)
-        return await self._send_batch(rows, label)
-
-    async def _send_within(self, conn: Any, rows: Sequence[Encoded], label: str) -> int:
-        """A send inside the caller's transaction, under a savepoint (a refusal leaves
-        the caller's transaction usable)."""
         try:
-            async with conn.transaction():
-                admitted, _, capacity = await _admit(conn, self.name, rows, caller=True)
+            if connection is None:
+                return await self._send_batch(rows, label)
+            admitted, self.capacity = await _admit_within(connection, self.name, rows)
         except tuple(_REJECTIONS) as error:
             reason = next(r for cls, r in _REJECTIONS.items() if isinstance(error, cls))
             self._rejections[reason] = self._rejections.get(reason, 0) + 1
             raise
-        self.capacity = capacity
         self._dedups += len(rows) - admitted
         return admitted
 
@@ -710,11 +704,7 @@ class PgQueue(PgOperatorCalls, PgObservation):
 
         await self._events.ready()
         try:
-            admitted = await self._send(rows)
-        except tuple(_REJECTIONS) as error:
-            reason = next(r for cls, r in _REJECTIONS.items() if isinstance(error, cls))
-            self._rejections[reason] = self._rejections.get(reason, 0) + 1
-            raise
+            admitted, self.capacity = await _admit_alone(self._session, self.name, rows)
         except lost(asyncpg) as error:
             raise StoreUnavailable(
                 f"{label}: the connection was lost; nothing was admitted ({type(error).__name__})"
@@ -736,19 +726,6 @@ class PgQueue(PgOperatorCalls, PgObservation):
             admitted = unheard.admitted
         self._dedups += len(rows) - admitted
         self._events.wake()
-        return admitted
-
-    async def _send(self, rows: Sequence[Encoded]) -> int:
-        import asyncpg  # noqa: PLC0415
-
-        admitted, xid = -1, ""
-        try:
-            async with self._session() as conn, conn.transaction():
-                admitted, xid, self.capacity = await _admit(conn, self.name, rows)
-        except lost(asyncpg):
-            if admitted < 0:
-                raise  # lost before COMMIT: the server rolls the transaction back
-            raise CommitUnheard(xid, admitted) from None
         return admitted
 
     @on_its_loop
@@ -777,6 +754,34 @@ class PgQueue(PgOperatorCalls, PgObservation):
                         f"queue {self.name!r}: send_wait(): no room within {timeout} s"
                     ) from None
                 await self._node.sleep(min(self.poll, 0.1))
+
+
+async def _admit_within(conn: _Conn, name: str, rows: Sequence[Encoded]) -> tuple[int, int]:
+    """A send inside the caller's transaction, under a savepoint (a refusal leaves the
+    caller's transaction usable): the number admitted and the queue's capacity."""
+    async with conn.transaction():
+        admitted, _, capacity = await _admit(conn, name, rows, caller=True)
+    return admitted, capacity
+
+
+async def _admit_alone(
+    session: Callable[[], AbstractAsyncContextManager[_Conn]], name: str, rows: Sequence[Encoded]
+) -> tuple[int, int]:
+    """A send in a transaction of its own: the number admitted and the capacity.
+
+    :raises CommitUnheard: the connection was lost after COMMIT was sent.
+    """
+    import asyncpg  # noqa: PLC0415
+
+    admitted, xid = -1, ""
+    try:
+        async with session() as conn, conn.transaction():
+            admitted, xid, capacity = await _admit(conn, name, rows)
+    except lost(asyncpg):
+        if admitted < 0:
+            raise  # lost before COMMIT: the server rolls the transaction back
+        raise CommitUnheard(xid, admitted) from None
+    return admitted, capacity
 
 
 async def _admit(
