@@ -46,7 +46,7 @@ from envq._schedule import Timing
 from envq._timers import Deadlines
 from envq._values import HookTimeout, Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
-from envq.postgres._edges import MAX_NODE_NAME
+from envq.postgres._edges import MAX_NODE_NAME, redact
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
@@ -70,7 +70,8 @@ class Host(Protocol):
     """What a node uses of its queue: the connections, and the end of a stop."""
 
     name: str
-    _dsn: str
+    #: Where the listening session connects (None: nowhere, the node polls).
+    _listen_dsn: str | None
 
     def _db(self) -> asyncpg.Pool: ...
 
@@ -472,6 +473,8 @@ class Node:
         self.lease = lease
         self.poll = poll
         self._listener: asyncpg.Connection | None = None
+        #: The listening session could not be opened (warned once until it opens).
+        self._deaf = False
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -562,19 +565,28 @@ class Node:
         a lost one again); without it, the node polls."""
         import asyncpg  # noqa: PLC0415
 
-        if self._listener is not None and not self._listener.is_closed():
+        dsn = self._host._listen_dsn
+        if dsn is None or (self._listener is not None and not self._listener.is_closed()):
             return
         self._listener = None
         listener: asyncpg.Connection | None = None
         try:
-            listener = await asyncpg.connect(
-                self._host._dsn, server_settings=self._host._session_settings()
-            )
+            listener = await asyncpg.connect(dsn, server_settings=self._host._session_settings())
             await listener.add_listener(CHANNEL, self._notified)
-        except _lost(asyncpg, asyncpg.PostgresError):
+        except _lost(asyncpg, asyncpg.PostgresError, ValueError) as error:
             if listener is not None:
                 listener.terminate()
+            if not self._deaf:  # once until it opens again: the keeper retries each round
+                self._deaf = True
+                log.warning(
+                    "queue %r: cannot open the session that listens for sends (%s); "
+                    "polling every %s s meanwhile",
+                    self.name,
+                    redact(dsn, f"{type(error).__name__}: {error}"),
+                    self.poll,
+                )
             return
+        self._deaf = False
         self._listener = listener
         self._wake.set()  # a send may have come while nobody listened
 
@@ -680,7 +692,8 @@ class Node:
         while True:
             soon: float | None = None
             listener = self._listener
-            if (listener is None or listener.is_closed()) and all(t.done() for t in listening):
+            lost = self._host._listen_dsn is not None and (listener is None or listener.is_closed())
+            if lost and all(t.done() for t in listening):
                 # In its own task: connecting may take long.
                 listening = [asyncio.create_task(self._listen())]
                 self._tasks += listening

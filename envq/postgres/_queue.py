@@ -19,7 +19,8 @@ DELAYED envelopes to READY, reaps attempts whose lease expired on any node (the
 ``EXPIRED`` outcome, decided by the envelope's own policy like a timeout), follows
 the lifecycle row (a stop or terminate made by any node) and finishes a stop once
 nothing is left to drain. LISTEN/NOTIFY wakes the pump when envelopes arrive; polling
-is the fallback, so a pooler that breaks LISTEN costs latency, not correctness.
+is the fallback, so a node without a listening session (behind a pooler in transaction
+mode, ``pooler="transaction"`` without ``listen_dsn``) costs latency, not correctness.
 
 Every node reads the lifecycle from the one row, so ``stop()`` on any node stops the
 queue everywhere, and ``terminate()`` hands back every envelope, re-created from its
@@ -77,11 +78,13 @@ from envq.postgres._edges import (
     check_dsn,
     check_lease,
     check_node_name,
+    check_pooler,
     check_queue_name,
     check_room,
     check_schema,
     committed,
     queue_row,
+    refuse_hidden_pooler,
     unavailable,
     unreachable,
 )
@@ -177,6 +180,16 @@ class PgQueue:
     :param hook_timeout: the hooks' time budgets.
     :param event_poll: seconds between reads of the journal while listeners are
         subscribed (see :meth:`subscribe`).
+    :param pooler: ``"transaction"`` when ``dsn`` reaches the database through a
+        connection pooler in transaction mode (PgBouncer's ``pool_mode =
+        transaction``): no named prepared statements (asyncpg's
+        ``statement_cache_size=0``), and the node listens for sends on ``listen_dsn``
+        only (else it polls every ``poll`` seconds). None (the default): a direct
+        connection or a pool in session mode; :meth:`connect` refuses a transaction
+        pooler it finds in front, naming this parameter.
+    :param listen_dsn: where a node opens its session that listens for sends (never
+        logged): the server itself or a pool in session mode. Default: ``dsn``, or no
+        listening session with ``pooler="transaction"``.
     """
 
     def __init__(
@@ -192,9 +205,16 @@ class PgQueue:
         stop_mode: StopMode = StopMode.DRAIN,
         hook_timeout: HookTimeout | None = None,
         event_poll: float = 0.1,
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         where = "PgQueue()"
         check_dsn(where, dsn)
+        self.pooler = check_pooler(where, pooler)
+        if listen_dsn is not None:
+            check_dsn(f"{where} listen_dsn", listen_dsn)
+        #: Where the listening session connects (None: nowhere, the node polls).
+        self._listen_dsn = listen_dsn if listen_dsn is not None or self.pooler is not None else dsn
         self.name = check_queue_name(where, name)
         self.workers = _checks.integer(f"{where} workers", workers, minimum=0)
         #: The capacity this object was given (None: the queue's, whatever it is).
@@ -253,6 +273,7 @@ class PgQueue:
         """
         import asyncpg  # noqa: PLC0415 - the extra is optional
 
+        # One transaction: a pooler in transaction mode keeps its server session.
         conn = await self._connect(asyncpg)
         try:
             found, now = await migrations.install(conn)
@@ -263,7 +284,9 @@ class PgQueue:
 
     async def _connect(self, driver: Any) -> asyncpg.Connection:
         try:
-            return cast("asyncpg.Connection", await driver.connect(self._dsn))
+            return cast(
+                "asyncpg.Connection", await driver.connect(self._dsn, **self._driver_options())
+            )
         except unreachable(driver) as error:
             raise unavailable(self.name, self._dsn, error) from None
 
@@ -281,6 +304,7 @@ class PgQueue:
                 max_size=max(2, min(self.workers, 8) + 2),
                 server_settings=self._session_settings(),
                 reset=_returned,
+                **self._driver_options(),
             )
         except unreachable(asyncpg) as error:
             raise unavailable(self.name, self._dsn, error) from None
@@ -288,6 +312,8 @@ class PgQueue:
         # failed leaves this object unconnected (and a second connect tries again).
         try:
             async with pool.acquire() as conn:
+                if self.pooler is None:
+                    await refuse_hidden_pooler(pool, conn, self.name)
                 await check_schema(conn, self.name)
                 self.capacity = await queue_row(conn, self.name, self._asked_capacity)
         except BaseException as error:
@@ -298,6 +324,14 @@ class PgQueue:
         self._pool = pool
         self._loop = asyncio.get_running_loop()
         self._events.connected()
+
+    def _driver_options(self) -> dict[str, Any]:
+        """asyncpg's options for this queue's sessions: behind a pooler in transaction
+        mode, no named prepared statements (each transaction may run in another server
+        session, where a statement prepared in an earlier one is missing, or is another
+        client's of the same name); asyncpg then prepares each statement unnamed with
+        its execution."""
+        return {"statement_cache_size": 0} if self.pooler == "transaction" else {}
 
     def _session_settings(self) -> dict[str, str]:
         """The settings of this node's sessions: their ``application_name`` names the
