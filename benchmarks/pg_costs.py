@@ -17,15 +17,17 @@ process calls it:
 At 100 and 100,000 live envelopes (``--live``); then item 10 of issue 28's scenario:
 100,000 live envelopes, 20,000 of them claimed and ended (in claims and ends of 100)
 with autovacuum off on the table and no vacuum in between, then **claim 10** again,
-and once more after a ``VACUUM``. Milliseconds per call: the median and the mean
-(and the slowest).
+once more after a ``VACUUM``, and once more after an ``ANALYZE``. Milliseconds per
+call: the median and the mean (and the slowest).
 
-``--explain`` prints the plans of the claim, the end and the send's insert, with the
-time of each nested statement and of the trigger (``auto_explain``, nested statements,
-``ANALYZE`` and ``BUFFERS``), at the largest ``--live``. ``--drain N`` (default
-20,000; 0: none) restarts the server with ``pg_stat_statements`` and drains N
+``--explain`` prints the plan of a claim's pick at each step of that scenario, and
+the plans of a claim, an end with a claim and a send, with the time of each nested
+statement and of the trigger (``auto_explain``, nested statements, ``ANALYZE`` and
+``BUFFERS``), at the largest ``--live``. ``--drain N`` (default 20,000; 0: none)
+restarts the server with ``pg_stat_statements`` and ``track_functions`` and drains N
 envelopes with one in-process node of 10 workers, then prints the statements that
-took the server's time (nested ones included), the heaviest first.
+took the server's time (nested ones included), the heaviest first, and the time spent
+in each of envq's functions (the trigger's included).
 
 Run it from the project root::
 
@@ -189,11 +191,37 @@ async def at_live(server: Any, live: int, repeat: int) -> list[Timing]:
     return found
 
 
+#: The rows a claim picks (envq.claim's first step), to show its plan: the claim's own
+#: plan is made inside the function, for the same statement.
+_PICK = """
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+SELECT c.seq FROM envq.envelopes AS c
+ WHERE c.queue = $1 AND c.state = 'ready'
+ ORDER BY c.seq LIMIT 10 FOR UPDATE OF c SKIP LOCKED
+"""
+
+
+async def _picking(conn: Any) -> str:
+    """The plan of a claim's pick, run in a transaction rolled back."""
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        plan = [r[0] for r in await conn.fetch(_PICK, QUEUE)]
+    finally:
+        await transaction.rollback()
+    return "\n".join(plan)
+
+
 async def without_vacuum(
-    server: Any, live: int, repeat: int, log: Callable[[str], None]
+    server: Any,
+    live: int,
+    repeat: int,
+    log: Callable[[str], None],
+    plans: list[str] | None = None,
 ) -> list[Timing]:
     """Issue 28's item 10: claims after ``ENDED_WITHOUT_VACUUM`` envelopes were claimed
-    and ended with no vacuum in between, and again after a vacuum."""
+    and ended with no vacuum in between, after a ``VACUUM``, and after an ``ANALYZE``;
+    with ``plans``, the plan of a claim's pick at each step is appended to it."""
     queue, conn = await _filled(server, "costs_dead", live)
     label = f"{live:,}"
     found: list[Timing] = []
@@ -216,11 +244,18 @@ async def without_vacuum(
             f"  claimed and ended {ended + len(held):,} in {time.perf_counter() - started:.1f} s"
             f" without a vacuum; dead rows {dead:,}"
         )
-        where = f"{label}, {ended + len(held):,} ended, no vacuum"
-        found.append(Timing("claim 10", where, await _time(repeat, lambda: _claim(conn, 10))))
-        await conn.execute("VACUUM envq.envelopes")
-        where = f"{label}, {ended + len(held):,} ended, vacuumed"
-        found.append(Timing("claim 10", where, await _time(repeat, lambda: _claim(conn, 10))))
+        total = ended + len(held)
+        for step, command in (
+            ("no vacuum", None),
+            ("vacuumed", "VACUUM envq.envelopes"),
+            ("analysed", "ANALYZE envq.envelopes"),
+        ):
+            if command is not None:
+                await conn.execute(command)
+            where = f"{label}, {total:,} ended, {step}"
+            if plans is not None:
+                plans.append(f"==== a claim's pick at {where}\n" + await _picking(conn))
+            found.append(Timing("claim 10", where, await _time(repeat, lambda: _claim(conn, 10))))
     finally:
         await conn.close()
         await queue.close()
@@ -326,7 +361,8 @@ def _restart_with_statements(server: Any) -> None:
     data = Path(server.socket_dir) / "data"
     with (data / "postgresql.auto.conf").open("a", encoding="utf-8") as conf:
         conf.write(
-            "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = 'all'\n"
+            "shared_preload_libraries = 'pg_stat_statements'\n"
+            "pg_stat_statements.track = 'all'\ntrack_functions = 'all'\n"
         )
     prefix = ("runuser", "-u", "postgres", "--") if os.geteuid() == 0 else ()
     subprocess.run(
@@ -357,9 +393,12 @@ async def _succeeded(conn: Any) -> int:
     )
 
 
-async def drain_statements(server: Any, n: int) -> tuple[float, list[dict[str, Any]]]:
+async def drain_statements(
+    server: Any, n: int
+) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
     """Drain ``n`` envelopes with one node of 10 workers in this process; the drain's
-    seconds and the statements the server ran meanwhile, by total time."""
+    seconds, the statements the server ran meanwhile (by total time) and the time in
+    envq's functions (the trigger's included; by their own time)."""
     import asyncpg  # noqa: PLC0415
 
     import envq  # noqa: PLC0415
@@ -380,7 +419,7 @@ async def drain_statements(server: Any, n: int) -> tuple[float, list[dict[str, A
                 await producer.send(*(envq.Envelope(invoke=noop, payload=-1) for _ in range(batch)))
                 left -= batch
             await conn.execute("VACUUM ANALYZE envq.envelopes")
-            await conn.execute("SELECT pg_stat_statements_reset()")
+            await conn.execute("SELECT pg_stat_statements_reset(), pg_stat_reset()")
             node = PgQueue(dsn, QUEUE, workers=10, node="drain")
             started = time.perf_counter()
             async with node:
@@ -395,20 +434,39 @@ async def drain_statements(server: Any, n: int) -> tuple[float, list[dict[str, A
                     " ORDER BY total_exec_time DESC LIMIT 25"
                 )
                 await producer.stop()
+        # (A session's function times reach the statistics when it ends, at the latest.)
+        functions = await conn.fetch(
+            "SELECT schemaname || '.' || funcname AS name, calls, total_time, self_time"
+            " FROM pg_stat_user_functions ORDER BY self_time DESC LIMIT 12"
+        )
     finally:
         await conn.close()
-    return seconds, [
+    timed = [
         {
-            "toplevel": r["toplevel"],
-            "calls": r["calls"],
-            "total_ms": round(r["total_exec_time"], 1),
-            "mean_ms": round(r["total_exec_time"] / max(r["calls"], 1), 3),
-            "us_per_envelope": round(r["total_exec_time"] * 1000.0 / n, 1),
-            "rows": r["rows"],
-            "query": " ".join(r["query"].split())[:160],
+            "function": f["name"],
+            "calls": f["calls"],
+            "total_ms": round(f["total_time"], 1),
+            "self_ms": round(f["self_time"], 1),
+            "self_us_per_envelope": round(f["self_time"] * 1000.0 / n, 1),
         }
-        for r in rows
+        for f in functions
     ]
+    return (
+        seconds,
+        timed,
+        [
+            {
+                "toplevel": r["toplevel"],
+                "calls": r["calls"],
+                "total_ms": round(r["total_exec_time"], 1),
+                "mean_ms": round(r["total_exec_time"] / max(r["calls"], 1), 3),
+                "us_per_envelope": round(r["total_exec_time"] * 1000.0 / n, 1),
+                "rows": r["rows"],
+                "query": " ".join(r["query"].split())[:160],
+            }
+            for r in rows
+        ],
+    )
 
 
 # -- output ------------------------------------------------------------------------
@@ -431,6 +489,14 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             for r in rows
         ),
     ]
+    widths = [max(len(cells[i]) for cells in body) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip() for cells in body
+    )
+
+
+def _plain(head: list[str], rows: list[list[str]]) -> str:
+    body = [head, *rows]
     widths = [max(len(cells[i]) for cells in body) for i in range(len(head))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip() for cells in body
@@ -480,15 +546,21 @@ async def run(
             log(f"-- {count:,} live envelopes")
             timings += await at_live(server, count, repeat)
         log(f"-- {max(live):,} live, {ENDED_WITHOUT_VACUUM:,} claimed and ended, no vacuum")
-        timings += await without_vacuum(server, max(live), repeat, log)
+        picks: list[str] | None = [] if plans else None
+        timings += await without_vacuum(server, max(live), repeat, log, picks)
         result["timings"] = [t.row() for t in timings]
         if plans:
-            result["explain"] = await explain(server, max(live))
+            result["explain"] = "\n\n".join([*(picks or []), await explain(server, max(live))])
         if drain:
             log(f"-- a drain of {drain:,} with pg_stat_statements")
             _restart_with_statements(server)
-            seconds, found = await drain_statements(server, drain)
-            result["drain"] = {"n": drain, "seconds": round(seconds, 2), "statements": found}
+            seconds, functions, found = await drain_statements(server, drain)
+            result["drain"] = {
+                "n": drain,
+                "seconds": round(seconds, 2),
+                "functions": functions,
+                "statements": found,
+            }
     finally:
         server.stop()
     result["load_average_end"] = _load()
@@ -538,6 +610,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(nested: inside envq's functions and trigger):"
         )
         _log(statements_table(d["statements"]))
+        _log("")
+        _log(
+            "Time in envq's functions during the drain (own time: without the other "
+            "functions each calls; the trigger, envelopes_check, runs for the send, the "
+            "claim and the end of each envelope):"
+        )
+        _log(
+            _plain(
+                ["function", "calls", "total ms", "own ms", "own µs/envelope"],
+                [
+                    [
+                        f["function"],
+                        f"{f['calls']:,}",
+                        f"{f['total_ms']:,.0f}",
+                        f"{f['self_ms']:,.0f}",
+                        f"{f['self_us_per_envelope']:,.1f}",
+                    ]
+                    for f in d["functions"]
+                ],
+            )
+        )
     if "explain" in result:
         _log("")
         _log(result["explain"])

@@ -143,6 +143,14 @@ def test_the_cost_measurements_run(pg_server: ThrowawayServer) -> None:
         "counts()",
     ]
     assert all(len(t.ms) == 2 and min(t.ms) > 0 for t in timings)
-    after = asyncio.run(pg_costs.without_vacuum(pg_server, 60, 2, lambda _: None))
-    assert [t.live for t in after] == ["60", "60, 30 ended, no vacuum", "60, 30 ended, vacuumed"]
+    plans: list[str] = []
+    after = asyncio.run(pg_costs.without_vacuum(pg_server, 60, 2, lambda _: None, plans))
+    assert len(plans) == 3
+    assert all("Limit" in plan for plan in plans), plans
+    assert [t.live for t in after] == [
+        "60",
+        "60, 30 ended, no vacuum",
+        "60, 30 ended, vacuumed",
+        "60, 30 ended, analysed",
+    ]
     assert "claim 10" in pg_costs.table([t.row() for t in [*timings, *after]])
