@@ -748,6 +748,7 @@ async def run_all(
     from envq.postgres._server import ThrowawayServer  # noqa: PLC0415
 
     rows: list[Row] = []
+    load_at_start = _load()
     server = ThrowawayServer(fast=False)
     server.start()
     try:
@@ -800,6 +801,7 @@ async def run_all(
         "durability": durability,
         "machine": f"{platform.system()} {platform.release()} {platform.machine()}, "
         f"{cpu_model()}, {os.cpu_count()} CPUs",
+        "load_average_start": load_at_start,
         "load_average": _load(),
         "versions": _versions(),
         "rows": with_ratios([{**row.summary(), "raw": asdict(row)} for row in rows]),
@@ -968,7 +970,12 @@ def section(result: dict[str, Any], command: str = "python -m benchmarks.postgre
         + (f"; a backlog row of {backlog:,}" if backlog else "")
         + f"; {result['latency_jobs']} latency "
         f"jobs at {result['rate']:g}/s; wall time {result.get('wall_s', 0):.0f} s; load "
-        f"average {result['load_average']} at the end). Job queues that keep their jobs "
+        + (
+            f"average {result['load_average_start']} at the start, "
+            if "load_average_start" in result
+            else "average "
+        )
+        + f"{result['load_average']} at the end). Job queues that keep their jobs "
         "in PostgreSQL, side by side in one run against one throwaway PostgreSQL "
         f"{result['postgresql'].split()[0]} server with its default durability "
         f"({result['durability']}); each system and each number of worker "
