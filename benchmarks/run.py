@@ -6,7 +6,7 @@ From the project root::
     python -m benchmarks --quick          # small sizes, 3 repetitions (~2 min)
     python -m benchmarks --smoke          # tiny sizes, 2 repetitions (the test's mode)
     python -m benchmarks --only oneoff,periodic --out /tmp/bench
-    python -m benchmarks --postgres       # also the job queues on PostgreSQL (~3 min more)
+    python -m benchmarks --postgres       # also the job queues on PostgreSQL (~8 min more)
 
 Sections (``--only``): oneoff, latency, periodic, memory, scaling, uvloop, profile.
 The PostgreSQL comparison (``benchmarks/postgres.py``) runs only with ``--postgres``;
@@ -61,9 +61,9 @@ from benchmarks._core import (
 SECTIONS = ("oneoff", "latency", "periodic", "memory", "scaling", "uvloop", "profile")
 #: ``--postgres``: the PostgreSQL comparison's sizes in each mode.
 PG_SIZES: dict[str, dict[str, Any]] = {
-    "full": {"procs": (1, 2, 4), "n": 5000, "latency_jobs": 200, "rate": 100.0},
-    "quick": {"procs": (1, 2, 4), "n": 2000, "latency_jobs": 100, "rate": 100.0},
-    "smoke": {"procs": (1,), "n": 50, "latency_jobs": 10, "rate": 100.0},
+    "full": {"procs": (1, 2, 4), "n": 5000, "latency_jobs": 200, "rate": 100.0, "backlog": 100_000},
+    "quick": {"procs": (1, 2, 4), "n": 2000, "latency_jobs": 100, "rate": 100.0, "backlog": 10_000},
+    "smoke": {"procs": (1,), "n": 50, "latency_jobs": 10, "rate": 100.0, "backlog": 0},
 }
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -177,7 +177,9 @@ def _dsn(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
 async def _connect(dsn: str) -> Any:
     import asyncpg  # noqa: PLC0415 - the extra is optional
 
-    return await asyncpg.connect(dsn)
+    # No named prepared statements: the commands run as well through a pooler in
+    # transaction mode (each statement may run in another server session).
+    return await asyncpg.connect(dsn, statement_cache_size=0)
 
 
 def _say(out: TextIO, args: argparse.Namespace, data: dict[str, Any], text: str) -> None:

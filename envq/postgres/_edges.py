@@ -37,6 +37,7 @@ __all__ = [
     "check_dsn",
     "check_lease",
     "check_node_name",
+    "check_pooler",
     "check_queue_name",
     "check_room",
     "check_schema",
@@ -44,6 +45,7 @@ __all__ = [
     "lost",
     "queue_row",
     "redact",
+    "refuse_hidden_pooler",
     "unavailable",
     "unreachable",
 ]
@@ -138,6 +140,27 @@ def check_dsn(where: str, dsn: object) -> str:
     if not dsn.strip():
         raise ValueError(f"{where}: dsn must name a database, got {dsn!r}")
     return dsn
+
+
+#: The poolers envq runs behind when told (``PgQueue(pooler=...)``). A pooler in
+#: session mode keeps a server session per client: nothing to tell. One in statement
+#: mode runs no transaction of more than one statement, and envq needs them.
+POOLERS: Final = ("transaction",)
+
+
+def check_pooler(where: str, pooler: object) -> str | None:
+    """``pooler``: None or one of :data:`POOLERS`."""
+    if pooler is None:
+        return None
+    if not isinstance(pooler, str):
+        raise TypeError(f"{where} pooler must be a str or None, not {type(pooler).__name__}")
+    if pooler not in POOLERS:
+        raise ValueError(
+            f"{where} pooler must be 'transaction' or None, got {_checks.show(pooler)} (a "
+            "pooler in session mode needs no setting; one in statement mode cannot run "
+            "envq's transactions)"
+        )
+    return pooler
 
 
 #: The longest queue name, in UTF-8 bytes: a node is woken by a notification whose
@@ -258,6 +281,56 @@ def unavailable(name: str, dsn: str, error: BaseException) -> StoreUnavailable:
         + (f": {reason}" if reason else "")
         + hint
     )
+
+
+#: A session's server process, as the server sees it.
+_BACKEND: Final = "SELECT pg_backend_pid()"
+
+
+async def refuse_hidden_pooler(pool: asyncpg.Pool, conn: Any, name: str) -> None:
+    """Refuse a pooler in transaction mode between this process and the database when
+    ``PgQueue`` was not told of it (``pooler="transaction"``): its clients' named
+    prepared statements would go missing, or run another client's statement of the
+    same name, and ``LISTEN`` would be heard by nobody.
+
+    A session is the server's own when the server process it runs in is the one the
+    connection was told of at start-up (the cancel key, which PgBouncer makes up); it
+    costs one statement. Otherwise a pooler is in front, and its mode shows when a
+    second session holds a transaction: in transaction mode that session is given the
+    server session the first one just used, or the first one's next statement runs in
+    another server session (a statement prepared on one is then missing on the other).
+    A pooler in session mode never moves a client's session; one in transaction mode
+    that happened to keep it through the test is not detected.
+
+    :raises ValueError: a transaction pooler is in front (the message names the
+        setting).
+    """
+    import asyncpg  # noqa: PLC0415
+
+    # A prepared statement missing, doubled or another's: the session moved.
+    confused = (
+        asyncpg.InvalidSQLStatementNameError,
+        asyncpg.DuplicatePreparedStatementError,
+        asyncpg.ProtocolViolationError,
+    )
+    try:
+        first = await conn.fetchval(_BACKEND)
+        if first == conn.get_server_pid():
+            return
+        async with pool.acquire() as other, other.transaction():
+            second = await other.fetchval(_BACKEND)
+            again = await conn.fetchval(_BACKEND)
+        moved = second == first or again != first
+    except confused:
+        moved = True
+    if moved:
+        raise ValueError(
+            f"queue {name!r}: connect(): a connection pooler in transaction mode (such as "
+            "PgBouncer's pool_mode = transaction) sits between this process and the "
+            "database: give PgQueue(..., pooler='transaction') (the node command: "
+            "--pooler transaction), and listen_dsn= a DSN reaching the server directly "
+            "(or a session-mode pool) for LISTEN, or nodes poll every `poll` seconds"
+        )
 
 
 async def check_schema(conn: asyncpg.pool.PoolConnectionProxy[Any], name: str) -> None:

@@ -48,7 +48,7 @@ from envq._notify import to_dead_letter
 from envq._timers import Deadlines
 from envq._values import HookTimeout
 from envq.postgres._codec import calendar, decode, fire_wait
-from envq.postgres._edges import MAX_NODE_NAME, lost
+from envq.postgres._edges import MAX_NODE_NAME, lost, redact
 from envq.postgres._ends import (
     RETIRE_EVERY,
     Ended,
@@ -82,7 +82,8 @@ class Host(Protocol):
     """What a node uses of its queue: the connections, and the end of a stop."""
 
     name: str
-    _dsn: str
+    #: Where the listening session connects (None: nowhere, the node polls).
+    _listen_dsn: str | None
 
     def _db(self) -> asyncpg.Pool: ...
 
@@ -333,6 +334,28 @@ class _Flight:
         self.claimed_at = time.monotonic()
 
 
+#: The warning of a node that cannot open its listening session (and polls).
+_DEAF: Final = (
+    "queue %r: cannot open the session that listens for sends (%s); polling every %s s meanwhile"
+)
+
+
+async def _listening(
+    dsn: str, settings: dict[str, str], notified: Callable[[Any, int, str, object], None]
+) -> asyncpg.Connection:
+    """A session of its own listening on :data:`CHANNEL` (the driver's error if it
+    cannot be opened; nothing is left open then)."""
+    import asyncpg  # noqa: PLC0415
+
+    listener = await asyncpg.connect(dsn, server_settings=settings)
+    try:
+        await listener.add_listener(CHANNEL, notified)
+    except BaseException:
+        listener.terminate()
+        raise
+    return listener
+
+
 class Node:
     """This process's workers on one queue (none run until :meth:`serve`).
 
@@ -363,6 +386,8 @@ class Node:
         self.lease = lease
         self.poll = poll
         self._listener: asyncpg.Connection | None = None
+        #: The listening session could not be opened (warned once until it opens).
+        self._deaf = False
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -477,20 +502,19 @@ class Node:
         a lost one again); without it, the node polls."""
         import asyncpg  # noqa: PLC0415
 
-        if self._listener is not None and not self._listener.is_closed():
+        dsn = self._host._listen_dsn
+        if dsn is None or (self._listener is not None and not self._listener.is_closed()):
             return
         self._listener = None
-        listener: asyncpg.Connection | None = None
         try:
-            listener = await asyncpg.connect(
-                self._host._dsn, server_settings=self._host._session_settings()
-            )
-            await listener.add_listener(CHANNEL, self._notified)
-        except lost(asyncpg, asyncpg.PostgresError):
-            if listener is not None:
-                listener.terminate()
+            self._listener = await _listening(dsn, self._host._session_settings(), self._notified)
+        except lost(asyncpg, asyncpg.PostgresError, ValueError) as error:
+            if not self._deaf:  # once until it opens again: the keeper retries each round
+                self._deaf = True
+                reason = redact(dsn, f"{type(error).__name__}: {error}")
+                log.warning(_DEAF, self.name, reason, self.poll)
             return
-        self._listener = listener
+        self._deaf = False
         self._wake.set()  # a send may have come while nobody listened
 
     def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
@@ -595,7 +619,8 @@ class Node:
         while True:
             soon: float | None = None
             listener = self._listener
-            if (listener is None or listener.is_closed()) and all(t.done() for t in listening):
+            gone = self._host._listen_dsn is not None and (listener is None or listener.is_closed())
+            if gone and all(t.done() for t in listening):
                 # In its own task: connecting may take long.
                 listening = [asyncio.create_task(self._listen())]
                 self._tasks += listening

@@ -19,7 +19,8 @@ DELAYED envelopes to READY, reaps attempts whose lease expired on any node (the
 ``EXPIRED`` outcome, decided by the envelope's own policy like a timeout), follows
 the lifecycle row (a stop or terminate made by any node) and finishes a stop once
 nothing is left to drain. LISTEN/NOTIFY wakes the pump when envelopes arrive; polling
-is the fallback, so a pooler that breaks LISTEN costs latency, not correctness.
+is the fallback, so a node without a listening session (behind a pooler in transaction
+mode, ``pooler="transaction"`` without ``listen_dsn``) costs latency, not correctness.
 
 Every node reads the lifecycle from the one row, so ``stop()`` on any node stops the
 queue everywhere, and ``terminate()`` hands back every envelope, re-created from its
@@ -37,9 +38,9 @@ import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from envq import _checks
 from envq._config import DeadLetter
@@ -80,21 +81,18 @@ from envq.postgres._edges import (
     check_dsn,
     check_lease,
     check_node_name,
+    check_pooler,
     check_queue_name,
     check_room,
-    check_schema,
     committed,
     lost,
-    queue_row,
-    unavailable,
-    unreachable,
 )
 from envq.postgres._journal import Follower
 from envq.postgres._loop import on_its_loop
-from envq.postgres._node import CHANNEL, Node, _node_name, _returned, arm_calendars
+from envq.postgres._node import CHANNEL, Node, _node_name, arm_calendars
 from envq.postgres._observe import PgObservation
 from envq.postgres._operator import PgOperatorCalls
-from envq.postgres.migrations import install as install_schema
+from envq.postgres._sessions import PgSessions
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
@@ -164,7 +162,7 @@ ON CONFLICT DO NOTHING
 """
 
 
-class PgQueue(PgOperatorCalls, PgObservation):
+class PgQueue(PgSessions, PgOperatorCalls, PgObservation):
     """A named queue stored in PostgreSQL, with envq's lifecycle and outcome tables.
 
     :param dsn: the database (``postgresql://...``); never logged.
@@ -198,6 +196,16 @@ class PgQueue(PgOperatorCalls, PgObservation):
         first, as one process's ``Queue(stamps=...)`` (``envq.logging_stamp()``,
         ``envq.otel_stamp()``): code of this process, so it does not cross with the
         envelopes; :func:`envq.current_attempt` works in them.
+    :param pooler: ``"transaction"`` when ``dsn`` reaches the database through a
+        connection pooler in transaction mode (PgBouncer's ``pool_mode =
+        transaction``): no named prepared statements (asyncpg's
+        ``statement_cache_size=0``), and the node listens for sends on ``listen_dsn``
+        only (else it polls every ``poll`` seconds). None (the default): a direct
+        connection or a pool in session mode; :meth:`connect` refuses a transaction
+        pooler it finds in front, naming this parameter.
+    :param listen_dsn: where a node opens its session that listens for sends (never
+        logged): the server itself or a pool in session mode. Default: ``dsn``, or no
+        listening session with ``pooler="transaction"``.
     """
 
     def __init__(
@@ -216,9 +224,16 @@ class PgQueue(PgOperatorCalls, PgObservation):
         dead_letter: DeadLetter | None = None,
         retention: float | dt.timedelta | None = RETENTION,
         stamps: Iterable[Stamp] | None = (),
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         where = "PgQueue()"
         check_dsn(where, dsn)
+        self.pooler = check_pooler(where, pooler)
+        if listen_dsn is not None:
+            check_dsn(f"{where} listen_dsn", listen_dsn)
+        #: Where the listening session connects (None: nowhere, the node polls).
+        self._listen_dsn = listen_dsn if listen_dsn is not None or self.pooler is not None else dsn
         self.name = check_queue_name(where, name)
         self.workers = _checks.integer(f"{where} workers", workers, minimum=0)
         #: The capacity this object was given (None: the queue's, whatever it is).
@@ -278,114 +293,6 @@ class PgQueue(PgOperatorCalls, PgObservation):
 
     def __repr__(self) -> str:
         return f"<PgQueue {self.name!r} node={self.node!r} workers={self.workers}>"
-
-    # -- connections -------------------------------------------------------------------
-
-    async def install(self) -> None:
-        """Create envq's schema in the database unless it is there, or upgrade it to
-        this envq's version, keeping every row (safe to call from several processes at
-        once: one of them does it, under a lock; :mod:`envq.postgres.migrations`).
-
-        :raises RuntimeError: the database holds a schema this envq cannot upgrade or
-            run on (the message says what to do).
-        """
-        import asyncpg  # noqa: PLC0415 - the extra is optional
-
-        conn = await self._connect(asyncpg)
-        try:
-            found, now = await install_schema(conn)
-        finally:
-            await conn.close()
-        if found is not None and found != now:
-            log.warning("envq's schema upgraded from version %d to %d", found, now)
-
-    async def _connect(self, driver: Any) -> asyncpg.Connection:
-        try:
-            return cast("asyncpg.Connection", await driver.connect(self._dsn))
-        except unreachable(driver) as error:
-            raise unavailable(self.name, self._dsn, error) from None
-
-    @on_its_loop
-    async def connect(self) -> None:
-        """Open this process's connections and create the queue's row if it is new."""
-        if self._pool is not None:
-            return
-        import asyncpg  # noqa: PLC0415
-
-        try:
-            pool = await asyncpg.create_pool(
-                self._dsn,
-                min_size=1,
-                max_size=max(2, min(self.workers, 8) + 2),
-                server_settings=self._session_settings(),
-                reset=_returned,
-            )
-        except unreachable(asyncpg) as error:
-            raise unavailable(self.name, self._dsn, error) from None
-        # Kept only once the schema is there and the queue's row made: a connect that
-        # failed leaves this object unconnected (and a second connect tries again).
-        try:
-            async with pool.acquire() as conn:
-                await check_schema(conn, self.name)
-                self.capacity = await queue_row(conn, self.name, self._asked_capacity)
-        except BaseException as error:
-            pool.terminate()
-            if isinstance(error, lost(asyncpg)):
-                raise unavailable(self.name, self._dsn, error) from None
-            raise
-        self._pool = pool
-        self._loop = asyncio.get_running_loop()
-        self._events.connected()
-
-    def _session_settings(self) -> dict[str, str]:
-        """The settings of this node's sessions: their ``application_name`` names the
-        node (``envq:<node>``), so that an operator can find them in
-        ``pg_stat_activity``."""
-        return {"application_name": f"envq:{self.node}"}
-
-    @contextlib.asynccontextmanager
-    async def _session(self) -> AsyncIterator[_Conn]:
-        """A pooled connection for one step of the node; one whose session is lost is
-        thrown away, not put back: a session cut in the middle of a statement can look
-        open to the pool and fail every later statement."""
-        import asyncpg  # noqa: PLC0415
-
-        async with self._db().acquire() as conn:
-            try:
-                yield conn
-            except lost(asyncpg):
-                # (One the driver saw close has gone back to the pool already.)
-                with contextlib.suppress(asyncpg.InterfaceError):
-                    conn.terminate()
-                raise
-
-    @on_its_loop
-    async def close(self) -> None:
-        """Leave: this node stops claiming, lets its attempts in flight end (their
-        results commit), and closes its connections. The shared queue is not stopped:
-        other nodes go on."""
-        await self._node.leave()
-        try:
-            await self._events.close()
-        finally:
-            if self._pool is not None:
-                await self._pool.close()
-                self._pool = None
-            self._loop = None
-
-    async def __aenter__(self) -> PgQueue:
-        await self.connect()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def _db(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise RuntimeError(
-                f"queue {self.name!r}: not connected (use `async with` or connect())"
-            )
-        return self._pool
 
     # -- the lifecycle -----------------------------------------------------------------
 

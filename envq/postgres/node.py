@@ -7,6 +7,13 @@ on). The envelopes' callables are imported by name, so the node's ``PYTHONPATH``
 reach their modules. The DSN is read from ``$ENVQ_DSN`` unless ``--dsn`` is given
 (an argument shows in the process list; the environment does not).
 
+Behind a connection pooler in transaction mode (PgBouncer's ``pool_mode =
+transaction``), give ``--pooler transaction``; the session that listens for sends then
+connects to ``$ENVQ_LISTEN_DSN`` (the server itself, or a pool in session mode), and
+without it the node polls every ``--poll`` seconds. A database the node refuses to
+run on (no envq schema, another version, a transaction pooler it was not told of, a
+capacity of its own) ends it with the reason on stderr and exit status 1.
+
 It prints ``ready <node>`` on stdout once it serves, for scripts that wait for it.
 """
 
@@ -21,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
+from envq.postgres._edges import POOLERS, StoreUnavailable
 from envq.postgres._queue import PgQueue
 
 __all__ = ["main"]
@@ -30,9 +38,14 @@ __all__ = ["main"]
 _LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-async def _run(args: argparse.Namespace, queue: PgQueue) -> None:
-    if args.install:
-        await queue.install()
+async def _run(args: argparse.Namespace, queue: PgQueue) -> str | None:
+    """Serve until told to leave; the reason the database was refused, if it was."""
+    try:
+        if args.install:
+            await queue.install()
+        await queue.connect()
+    except (RuntimeError, ValueError, StoreUnavailable) as error:
+        return str(error)  # (never shows the DSN's password)
     leave = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -42,6 +55,7 @@ async def _run(args: argparse.Namespace, queue: PgQueue) -> None:
         print(f"ready {queue.node}", flush=True)
         await leave.wait()
     print(f"left {queue.node} {queue.counts_local}", flush=True)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, default=1.0, help="poll seconds")
     parser.add_argument("--node", help="this node's name (default: host-pid-random)")
     parser.add_argument("--install", action="store_true", help="create the schema if missing")
+    parser.add_argument(
+        "--pooler",
+        choices=POOLERS,
+        help="the DSN reaches the database through a pooler in this mode (listen on "
+        "$ENVQ_LISTEN_DSN, or poll)",
+    )
     parser.add_argument(
         "--log", default="WARNING", type=str.upper, choices=_LEVELS, help="log level"
     )
@@ -73,11 +93,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             lease=args.lease,
             poll=args.poll,
             node=args.node,
+            pooler=args.pooler,
+            listen_dsn=os.environ.get("ENVQ_LISTEN_DSN") or None,
         )
     except (TypeError, ValueError) as error:
         parser.error(str(error))
     logging.basicConfig(level=args.log, stream=sys.stderr)
-    asyncio.run(_run(args, queue))
+    refused = asyncio.run(_run(args, queue))
+    if refused is not None:
+        sys.stderr.write(f"{parser.prog}: {refused}\n")
+        return 1
     return 0
 
 

@@ -35,6 +35,9 @@ async def _db() -> asyncpg.Pool:
             min_size=0,
             max_size=4,
             server_settings={"application_name": "fault-job"},
+            # Named prepared statements do not survive a pooler in transaction mode
+            # (the pooler tests run the jobs through PgBouncer).
+            statement_cache_size=0,
         )
         if _pool is None:
             _pool = pool

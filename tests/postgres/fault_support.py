@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,10 +195,19 @@ class Cluster:
         self.nodes: list[Node] = []
 
     def spawn(
-        self, queue: str, name: str, *, workers: int = 2, lease: float = 1.0, poll: float = 0.2
+        self,
+        queue: str,
+        name: str,
+        *,
+        workers: int = 2,
+        lease: float = 1.0,
+        poll: float = 0.2,
+        options: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> Node:
-        """Start a node on ``queue`` (not waiting for it to serve)."""
-        env = dict(os.environ)
+        """Start a node on ``queue`` (not waiting for it to serve); ``options``: more
+        arguments of the node command, ``env``: more variables of its environment."""
+        env = {**os.environ, **(env or {})}
         env["ENVQ_DSN"] = self.dsn
         env["ENVQ_FAULT_NODE"] = name
         env["PYTHONPATH"] = os.pathsep.join(
@@ -224,6 +233,7 @@ class Cluster:
                     name,
                     "--log",
                     "INFO",
+                    *options,
                 ],
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import io
-import re
-import threading
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -278,7 +278,9 @@ def test_list_show_retry_cancel_and_purge(pg_server: ThrowawayServer) -> None:
     assert "state: failed" in out
     assert "RuntimeError: broken fails" in out
     assert "Traceback (most recent call last)" in out
-    assert re.search(r"^  1  error  on \S+  \S+ -> \S+  builtins.RuntimeError: broken fails$", out, re.M)
+    assert re.search(
+        r"^  1  error  on \S+  \S+ -> \S+  builtins.RuntimeError: broken fails$", out, re.M
+    )
     code, out = _run("show", str(found["broken"]["seq"]), "--seq", "--dsn", dsn, "--json")
     shown = json.loads(out)
     assert shown["last_error"]["type"] == "builtins.RuntimeError"
