@@ -397,6 +397,7 @@ class _Web:
                 found=found,
                 states=STORED,
                 link=lambda **changes: _link(request, changes),
+                notice=_notice(request),
             )
 
         return await self.guarded(request, render)

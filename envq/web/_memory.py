@@ -49,6 +49,7 @@ from envq.web._source import (
     QueueSummary,
     Refused,
     not_allowed,
+    refused,
 )
 
 __all__ = ["MemorySource", "error_shown", "shown"]
@@ -418,7 +419,7 @@ class MemorySource:
         try:
             done = call[event](one.envelope)
         except EnvqError as error:
-            raise Refused(str(error)) from None
+            raise refused(key, event, error) from None
         if not done:
             raise Refused(
                 f"the {event.value} of envelope {key} moved nothing (its state changed, "

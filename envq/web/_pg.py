@@ -59,6 +59,7 @@ from envq.web._source import (
     Refused,
     SourceUnavailable,
     not_allowed,
+    refused,
 )
 
 if TYPE_CHECKING:
@@ -537,13 +538,20 @@ class PgSource:
         state = await self.state_of(name, key)
         if event not in operator_events(state):
             raise not_allowed(key, state, event)
+        from envq.postgres import StoreUnavailable  # noqa: PLC0415
+
         async with self._acting(name) as queue:
             call = {
                 EnvEvent.RETRY: queue.retry,
                 EnvEvent.CANCEL: queue.cancel,
                 EnvEvent.DISCARD: queue.discard,
             }
-            done = await call[event](seqs=[key])
+            try:
+                done = await call[event](seqs=[key])
+            except StoreUnavailable:
+                raise
+            except EnvqError as error:
+                raise refused(key, event, error, self._redact) from None
         if not done:
             raise Refused(
                 f"the {event.value} of envelope {key} moved nothing (its state changed, "

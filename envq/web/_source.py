@@ -9,7 +9,7 @@ a page is written once for both. Times are wall-clock epoch seconds (UTC).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
 
 import attrs
@@ -37,6 +37,7 @@ __all__ = [
     "Source",
     "SourceUnavailable",
     "not_allowed",
+    "refused",
 ]
 
 #: The envelope states a page can list (``NEW`` is the state of no envelope in a queue).
@@ -81,6 +82,17 @@ def not_allowed(key: int, state: EnvState, event: EnvEvent) -> Refused:
     return Refused(
         f"envelope {key} is {state.name}: the tables have no {event.name} move from "
         f"{state.name} (no row ({state.name}, {event.name}) in QUEUE_MOVES)"
+    )
+
+
+def refused(
+    key: int, event: EnvEvent, error: Exception, clean: Callable[[str], str] = str
+) -> Refused:
+    """The queue's call refused an operator's move (``clean``: what the message may
+    show)."""
+    return Refused(
+        f"the {event.value} of envelope {key} was refused ({type(error).__name__}): "
+        + clean(str(error))
     )
 
 
