@@ -7,10 +7,18 @@ waiting for their next run. Then each page is asked for through the app in proce
 (httpx's ASGI transport: the time is the app's and the database's, no socket), once
 to warm up and ``--reps`` times measured; the median and the slowest are printed.
 
+The failed ones carry a last error with a traceback and a story of one attempt, as a
+node writes them. An envelope's page reads its moves from the journal through the
+index ``journal_queue (queue, n)``, newest first, so the older the envelope, the more
+of the queue's journal it walks; ``--journal-seq-index`` creates, in the throwaway
+database only, the index on ``envq.journal (seq, n)`` that would spare that walk, to
+compare (the schema does not have it).
+
 Run it from the project root::
 
     python -m benchmarks.web                 # N=100000 (about a minute to fill)
     python -m benchmarks.web --n 20000 --reps 3
+    python -m benchmarks.web --journal-seq-index
 
 It is a program, not a test: it reports numbers and never fails on them (the target
 is under a second a page on a 2-core machine).
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -27,9 +36,22 @@ import time
 from typing import Any
 
 BATCH = 20_000
+#: The index an envelope's page would read its journal through (not in the schema).
+JOURNAL_SEQ_INDEX = "CREATE INDEX journal_seq ON envq.journal (seq, n)"
+#: The error of a failed attempt: a traceback of a common size.
+ERROR = json.dumps(
+    {
+        "type": "builtins.RuntimeError",
+        "message": "the mail server said no",
+        "traceback": "Traceback (most recent call last):\n"
+        + '  File "/srv/app/jobs.py", line 42, in send_mail\n    raise RuntimeError(...)\n'
+        * 12
+        + "RuntimeError: the mail server said no\n",
+    }
+)
 
 
-async def _fill(dsn: str, n: int) -> dict[str, int]:
+async def _fill(dsn: str, n: int, journal_seq_index: bool) -> dict[str, int]:
     import asyncpg  # noqa: PLC0415
 
     from envq.postgres.schema import render  # noqa: PLC0415
@@ -85,7 +107,7 @@ async def _fill(dsn: str, n: int) -> dict[str, int]:
             await conn.execute(
                 "SELECT count(*) FROM envq.finish_many($1::bigint[], $2::uuid[],"
                 " $3::envq.envelope_event[], $4::envq.decision_kind[],"
-                " $5::envq.cancel_cause[], $6::float8[], $7::int[])",
+                " $5::envq.cancel_cause[], $6::float8[], $7::int[], $8::jsonb[])",
                 seqs,
                 [r["lease_token"] for r in claimed],
                 ["attempt_error" if f else "attempt_ok" for f in failing],
@@ -93,8 +115,11 @@ async def _fill(dsn: str, n: int) -> dict[str, int]:
                 [None] * len(seqs),
                 [None] * len(seqs),
                 [None] * len(seqs),
+                [ERROR if f else None for f in failing],
             )
             done += size
+        if journal_seq_index:
+            await conn.execute(JOURNAL_SEQ_INDEX)
         await conn.execute("ANALYZE")
         rows = await conn.fetch(
             "SELECT state::text, count(*) FROM envq.envelopes GROUP BY 1 ORDER BY 1"
@@ -118,6 +143,10 @@ async def _measure(dsn: str, reps: int) -> list[tuple[str, list[float]]]:
             first = (await c.get("/envelopes?q=bench&limit=1")).text
             top = int(first.split("key=", 1)[1].split('"', 1)[0])
             mid = top // 2
+            failed = (await c.get(f"/envelopes?q=bench&state=failed&before={mid}&limit=1")).text
+            bad = int(failed.split("key=", 1)[1].split('"', 1)[0])
+            story = (await c.get(f"/envelope?q=bench&key={bad}")).text
+            assert 'class="traceback"' in story, "the failed envelope shows no error"
             pages = [
                 ("overview /", "/"),
                 ("machines /queue", "/queue?q=bench"),
@@ -129,7 +158,11 @@ async def _measure(dsn: str, reps: int) -> list[tuple[str, list[float]]]:
                 ("envelopes state=failed, middle", f"/envelopes?q=bench&state=failed&before={mid}"),
                 ("envelopes type=rare", "/envelopes?q=bench&type=rare"),
                 ("envelopes id=job-50000", '/envelopes?q=bench&id="job-50000"'),
-                ("one envelope (journal on)", f"/envelope?q=bench&key={mid}"),
+                ("one envelope, the newest", f"/envelope?q=bench&key={top}"),
+                ("one envelope, in the middle", f"/envelope?q=bench&key={mid}"),
+                ("one envelope, the oldest", "/envelope?q=bench&key=1"),
+                ("one failed envelope (its error)", f"/envelope?q=bench&key={bad}"),
+                ("its state (the open page's poll)", f"/api/envelope?q=bench&key={bad}"),
                 ("schedules", "/schedules?q=bench"),
             ]
             for name, url in pages:
@@ -152,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.web", description=__doc__)
     parser.add_argument("--n", type=int, default=100_000, help="envelopes (default 100000)")
     parser.add_argument("--reps", type=int, default=5, help="measured requests a page (5)")
+    parser.add_argument(
+        "--journal-seq-index",
+        action="store_true",
+        help=f"{JOURNAL_SEQ_INDEX} in the throwaway database first (not in the schema)",
+    )
     args = parser.parse_args(argv)
     from envq.postgres._server import ThrowawayServer  # noqa: PLC0415
 
@@ -170,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
 
         asyncio.run(create())
         start = time.perf_counter()
-        counts = asyncio.run(_fill(dsn, args.n))
+        counts = asyncio.run(_fill(dsn, args.n, args.journal_seq_index))
         print(f"filled in {time.perf_counter() - start:.1f} s: {counts}")
         print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+        if args.journal_seq_index:
+            print(f"with {JOURNAL_SEQ_INDEX}")
         results = asyncio.run(_measure(dsn, args.reps))
     width = max(len(name) for name, _ in results)
     print(f"\n{'page'.ljust(width)}  median ms  slowest ms")

@@ -1,17 +1,24 @@
-"""A FastAPI app whose lifespan owns an envq queue.
+"""A FastAPI app whose lifespan owns an envq queue, with the queue's dashboard mounted.
 
-The queue starts with the app and stops with it: ``async with envq.Queue(...)`` in
-the lifespan starts it on the server's event loop; at shutdown it stops (DRAIN: ready
-work still runs) and terminates it, and what was left over is logged. Handlers reach
-the queue through ``request.app.state.queue``:
+The queue starts with the app and stops with it: ``async with queue`` in the lifespan
+starts it on the server's event loop; at shutdown it stops (DRAIN: ready work still
+runs) and terminates it, and what was left over is logged. Handlers reach the queue
+through ``request.app.state.queue``:
 
 - ``POST /emails`` queues an email and answers 202; a full queue answers 503
   (``envq.CapacityExceeded``), a stopping one 503 too (``envq.QueueNotRunning``).
 - ``GET /stats`` returns the queue's statistics.
+- ``/ops/queue/`` is the dashboard (``envq.web``): the queue's machines with live
+  counts, its envelopes, each with its last error and failed attempts. It is
+  read-only unless ``$ENVQ_WEB_TOKEN`` holds an action token (16 characters or more):
+  then a browser that unlocks the actions with it may stop and start the queue and
+  retry, cancel or discard envelopes. A real app also puts the mount behind its own
+  authentication.
 
 Serve it (needs ``pip install -e ".[examples]"`` and ``pip install uvicorn``)::
 
-    uvicorn --app-dir examples fastapi_app:app
+    ENVQ_WEB_TOKEN=$(python -c 'import secrets; print(secrets.token_urlsafe())') \
+        uvicorn --app-dir examples fastapi_app:app
 
 Run as a script, it drives the app in-process (no network) and prints what happens:
 ``python examples/fastapi_app.py`` (about 1 s).
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,6 +36,7 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel
 
 import envq
+import envq.web
 
 _ids = itertools.count(1)
 #: What the workers "sent" (a real app would call its mail service).
@@ -44,16 +53,23 @@ async def send_email(env: envq.Envelope) -> None:
     outbox.append(env.payload["to"])
 
 
+queue = envq.Queue("emails", workers=4, capacity=100)
+#: The dashboard: read-only without a token (none in the environment: None).
+dashboard = envq.web.app(queue, token=os.environ.get("ENVQ_WEB_TOKEN") or None)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Own the queue for the app's lifetime."""
-    async with envq.Queue("emails", workers=4, capacity=100) as queue:
+    async with queue:
         app.state.queue = queue
         yield
     # Here the queue has stopped and terminated; queue.leftovers holds what was left.
+    await envq.web.aclose(dashboard)  # a mounted app's own lifespan is not run
 
 
 app = FastAPI(lifespan=lifespan)
+app.mount("/ops/queue", dashboard)
 
 
 @app.post("/emails", status_code=202)
@@ -108,6 +124,9 @@ async def demo() -> None:
             await asyncio.sleep(0.5)  # the workers run meanwhile
             body = (await client.get("/stats")).json()
             print("GET /stats ->", body["state"], "succeeded:", body["by_state"]["SUCCEEDED"])
+            page = await client.get("/ops/queue/envelopes?state=succeeded")
+            listed = page.text.count('href="envelope?')
+            print("GET /ops/queue/envelopes ->", page.status_code, f"{listed} succeeded listed")
     # shutdown: the lifespan's exit stopped and terminated the queue
     print("sent:", sorted(outbox))
     print("app: done")

@@ -7,11 +7,14 @@ wrong becomes a clear answer: an unknown queue or envelope 404, a malformed para
 400 naming it, a forged or unauthenticated action 403, a store that cannot be read
 503 with a banner (the page's script polls and reloads it once the store is back).
 
-Actions (stop and start, this round) are POSTs with a CSRF token (a random cookie and
-the same value in the form: a page of another site cannot read the cookie to copy
-it; the cookie is ``SameSite=Strict`` too, and an ``Origin`` of another host is
-refused), and they are refused unless the app was given an action token and this
-browser unlocked them with it (a cookie holding an HMAC of the token, never the token).
+Actions (a queue's stop and start; an envelope's retry, cancel and discard) are POSTs
+with a CSRF token (a random cookie and the same value in the form: a page of another
+site cannot read the cookie to copy it; the cookie is ``SameSite=Strict`` too, and an
+``Origin`` of another host is refused), and they are refused unless the app was given
+an action token and this browser unlocked them with it (a cookie holding an HMAC of
+the token, never the token). A page offers only the actions the tables allow in the
+state it shows (:func:`envq.web._rows.operator_events`, :func:`~envq.web._rows.queue_calls`);
+the queue's own call decides.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envq import __version__
-from envq._machine import TERMINAL_STATES, EnvState
+from envq._machine import TERMINAL_STATES, EnvState, QueueCall, QueueState
 from envq.web._diagram import envelope_diagram, lifecycle_diagram
+from envq.web._rows import queue_calls, states_allowing
 from envq.web._source import (
     ACTIONS,
+    ENVELOPE_ACTIONS,
     STORED,
     BadParameter,
     Bucket,
@@ -358,6 +363,8 @@ class _Web:
                 counts={s.name: n for s, n in summary.counts.items()},
                 terminal={s.name for s in TERMINAL_STATES},
                 notice=_notice(request),
+                calls=[c.value for c in queue_calls(summary.state)],
+                when=_when_offered(),
             )
 
         return await self.guarded(request, render)
@@ -390,6 +397,7 @@ class _Web:
                 found=found,
                 states=STORED,
                 link=lambda **changes: _link(request, changes),
+                notice=_notice(request),
             )
 
         return await self.guarded(request, render)
@@ -404,7 +412,27 @@ class _Web:
             if key is None:
                 raise BadParameter("parameter 'key' is required: an envelope's seq")
             detail = await self.source.envelope(name, key)
-            return self.page(request, "envelope.html", queue=name, e=detail)
+            return self.page(
+                request,
+                "envelope.html",
+                queue=name,
+                e=detail,
+                notice=_notice(request),
+                watch=key,
+            )
+
+        return await self.guarded(request, render)
+
+    async def envelope_state(self, request: Request) -> Response:
+        """``{"state": NAME}`` of one envelope now (its page reloads when it moved)."""
+
+        async def render() -> Response:
+            name = self.name(request)
+            key = _int(request, "key", 1, MAX_KEY)
+            if key is None:
+                raise BadParameter("parameter 'key' is required: an envelope's seq")
+            state = await self.source.state_of(name, key)
+            return JSONResponse({"state": state.name})
 
         return await self.guarded(request, render)
 
@@ -513,11 +541,22 @@ class _Web:
             name = form.get("q", "") or (self.single or "")
             if not name or len(name) > MAX_TEXT:
                 raise BadParameter("field 'q' is required: the name of a queue")
-            what = ACTIONS.get(form.get("action", ""))
+            given = form.get("action", "")
+            event = ENVELOPE_ACTIONS.get(given)
+            if event is not None:
+                key = _key(form.get("key", ""))
+                now = await self.source.operate(name, key, event)
+                done = {"q": name, "done": event.value}
+                if now is None:
+                    target = "envelopes?" + urllib.parse.urlencode(done)
+                else:
+                    target = "envelope?" + urllib.parse.urlencode({**done, "key": now})
+                return RedirectResponse(target, status_code=303)
+            what = ACTIONS.get(given)
             if what is None:
                 raise BadParameter(
-                    f"field 'action': {_shown(form.get('action', ''))} is not one of "
-                    + ", ".join(ACTIONS)
+                    f"field 'action': {_shown(given)} is not one of "
+                    + ", ".join([*ACTIONS, *ENVELOPE_ACTIONS])
                 )
             await self.source.act(name, what)
             target = "queue?" + urllib.parse.urlencode({"q": name, "done": what.value})
@@ -530,9 +569,35 @@ class _Forbidden(Exception):
     """A forged or unauthenticated action (HTTP 403)."""
 
 
+#: What a page says after an action, by the action's name.
+DONE: Final[Mapping[str, str]] = {
+    "stop": "stop requested.",
+    "start": "start requested.",
+    "retry": "retry done: the envelope is back in the queue.",
+    "cancel": "cancel done (a running attempt is asked to stop: it ends STOPPED).",
+    "discard": "discard done: the queue no longer keeps the envelope.",
+}
+
+
 def _notice(request: Request) -> str | None:
-    done = request.query_params.get("done")
-    return f"{done} requested." if done in ACTIONS else None
+    return DONE.get(request.query_params.get("done", ""))
+
+
+def _when_offered() -> dict[str, str]:
+    """The queue states in which its page offers a stop, a start, neither (the page's
+    script shows the buttons of the state it polls)."""
+    when = {c.value: " ".join(s.name for s in states_allowing(c)) for c in QueueCall}
+    when["none"] = " ".join(s.name for s in QueueState if not queue_calls(s))
+    return when
+
+
+def _key(value: str) -> int:
+    """The form's ``key`` field: an envelope's seq."""
+    if not value.isascii() or not value.isdigit() or len(value) > 19 or int(value) < 1:
+        raise BadParameter(f"field 'key': {_shown(value)} is not an envelope's seq")
+    if int(value) > MAX_KEY:
+        raise BadParameter(f"field 'key': must be at most {MAX_KEY}")
+    return int(value)
 
 
 def _back(form: Mapping[str, str]) -> str:
@@ -582,6 +647,7 @@ def build(source: Source, *, token: str | None, poll: float, single: str | None)
             Route("/envelope", web.envelope),
             Route("/schedules", web.schedules),
             Route("/api/counts", web.counts),
+            Route("/api/envelope", web.envelope_state),
             Route("/unlock", web.unlock, methods=["POST"]),
             Route("/lock", web.lock, methods=["POST"]),
             Route("/action", web.action, methods=["POST"]),

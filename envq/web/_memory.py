@@ -9,6 +9,12 @@ the last ended ones, ten minutes of ends).
 The listener does not count as handling failures: an envelope that ends FAILED with
 nothing else to handle it is still logged (``log_unhandled``). Being subscribed makes
 the queue report its moves, which costs a little on every move.
+
+An envelope's last error and its story are the queue's (:class:`envq.LiveEnvelope`),
+and the operator's moves go through :meth:`envq.Queue.retry`, ``cancel`` and
+``discard``: offered for the envelopes the queue holds (the live ones and the kept
+ended ones), not for those only this source remembers. A retry is a new stay in the
+queue, so a new key; the page of the old one names it.
 """
 
 from __future__ import annotations
@@ -23,26 +29,30 @@ from typing import Any, Final
 import attrs
 
 from envq._envelope import Envelope
-from envq._errors import QueueStopping, QueueTerminated
-from envq._machine import TERMINAL_STATES, EnvState, Kind, QueueState
+from envq._errors import EnvqError, QueueStopping, QueueTerminated
+from envq._machine import TERMINAL_STATES, EnvEvent, EnvState, Kind, QueueState
 from envq._queue import Queue
-from envq._reports import Event
-from envq.web._rows import envelope_row, event_of
+from envq._reports import AttemptRecord, ErrorInfo, Event, LiveEnvelope
+from envq.web._rows import envelope_row, event_of, operator_events
 from envq.web._source import (
     STORED,
     Action,
+    AttemptShown,
     Bucket,
     EnvelopeDetail,
     EnvelopePage,
     EnvelopeQuery,
     EnvelopeRow,
+    ErrorShown,
     Move,
     NotFound,
     QueueSummary,
     Refused,
+    not_allowed,
+    refused,
 )
 
-__all__ = ["MemorySource", "shown"]
+__all__ = ["MemorySource", "error_shown", "shown"]
 
 #: Envelopes whose moves are kept, moves kept per envelope, ended envelopes kept.
 KEPT_ENVELOPES: Final = 5000
@@ -72,6 +82,13 @@ def _callable_name(fn: object) -> str:
     return f"{module}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def error_shown(error: ErrorInfo | None) -> ErrorShown | None:
+    """An envelope's last error, as a page shows it."""
+    if error is None:
+        return None
+    return ErrorShown(error.type, error.message[:SHOWN], error.traceback[-SHOWN:])
+
+
 @attrs.define
 class _Ended:
     envelope: Envelope
@@ -79,6 +96,9 @@ class _Ended:
     kind: Kind
     attempts: int
     at: float
+    #: Its last error and story when it ended (the queue may forget them).
+    error: ErrorInfo | None = None
+    history: tuple[AttemptRecord, ...] = ()
 
 
 class MemorySource:
@@ -90,6 +110,10 @@ class MemorySource:
         self.q = queue
         self._moves: OrderedDict[int, deque[Move]] = OrderedDict()
         self._ended: OrderedDict[int, _Ended] = OrderedDict()
+        #: The key of each envelope's stay in ``_ended`` (a retry moves it on).
+        self._ended_key: dict[Envelope, int] = {}
+        #: The keys of stays a retry ended, and the key of the stay it began.
+        self._retried: OrderedDict[int, int] = OrderedDict()
         self._slices: deque[list[float]] = deque(maxlen=SLICES)
         self._unsubscribe: Callable[[], None] | None = queue._listen(
             self._heard, handles_failures=False
@@ -106,6 +130,9 @@ class MemorySource:
         source, to = event.from_state, event.to_state
         assert isinstance(source, EnvState)
         assert isinstance(to, EnvState)
+        found = None if event.outcome is not None else event_of(source, to)
+        if found is EnvEvent.RETRY or found is EnvEvent.DISCARD:
+            self._forget(env, rec.seq if found is EnvEvent.RETRY else None)
         moves = self._moves.get(rec.seq)
         if moves is None:
             moves = self._moves[rec.seq] = deque(maxlen=KEPT_MOVES)
@@ -114,16 +141,35 @@ class MemorySource:
         if event.outcome is not None:
             label = event.outcome.name
         else:
-            found = event_of(source, to)
             label = found.name if found is not None else "-"
         row = envelope_row(source, to, outcome=event.outcome, kind=rec.kind)
         moves.append(Move(now, source.name, to.name, label, row))
         if to in TERMINAL_STATES:
-            self._ended[rec.seq] = _Ended(env, to, rec.kind, rec.attempts, now)
+            story = tuple(rec.story) if rec.story else ()
+            self._ended[rec.seq] = _Ended(env, to, rec.kind, rec.attempts, now, rec.error, story)
+            self._ended_key[env] = rec.seq
             if len(self._ended) > KEPT_ENDED:
-                self._ended.popitem(last=False)
+                key, oldest = self._ended.popitem(last=False)
+                if self._ended_key.get(oldest.envelope) == key:
+                    del self._ended_key[oldest.envelope]
             if to is EnvState.SUCCEEDED or to is EnvState.FAILED:
                 self._count(now, to is EnvState.SUCCEEDED)
+
+    def _forget(self, env: Envelope, new_key: int | None) -> None:
+        """``env``'s ended stay leaves the list: discarded (``new_key`` None), or sent
+        back by a retry as the stay ``new_key``, which takes over its moves."""
+        key = self._ended_key.pop(env, None)
+        if key is None:
+            return
+        self._ended.pop(key, None)
+        if new_key is None:
+            return
+        self._retried[key] = new_key
+        if len(self._retried) > KEPT_ENDED:
+            self._retried.popitem(last=False)
+        old = self._moves.pop(key, None)
+        if old is not None:
+            self._moves[new_key] = deque(old, maxlen=KEPT_MOVES)
 
     def _count(self, now: float, ok: bool) -> None:
         start = now - now % SLICE
@@ -241,11 +287,36 @@ class MemorySource:
         page = rows[: query.limit]
         return EnvelopePage(page, page[-1].key if len(rows) > query.limit else None, None)
 
+    def _gone(self, name: str, key: int) -> NotFound:
+        later = self._retried.get(key)
+        if later is not None:
+            return NotFound(
+                f"queue {name!r} holds no envelope {key} now: a retry sent it back as "
+                f"envelope {later}"
+            )
+        return NotFound(f"queue {name!r} has no envelope {key} (live, or ended lately)")
+
+    def _held(self, key: int) -> LiveEnvelope | None:
+        """The queue's snapshot of stay ``key``, if the queue holds it (live, or ended
+        and kept)."""
+        found = self.q.envelopes(after=key - 1, limit=1) if key > 0 else []
+        return found[0] if found and found[0].seq == key else None
+
+    async def state_of(self, name: str, key: int) -> EnvState:
+        self._check(name)
+        one = self._held(key)
+        if one is not None:
+            return one.state
+        ended = self._ended.get(key)
+        if ended is None:
+            raise self._gone(name, key)
+        return ended.state
+
     async def envelope(self, name: str, key: int) -> EnvelopeDetail:
         self._check(name)
-        live = self.q.envelopes(after=key - 1, limit=1) if key > 0 else []
-        if live and live[0].seq == key:
-            one = live[0]
+        one = self._held(key)
+        held = one is not None
+        if one is not None:
             env, state, kind, attempts, due = (
                 one.envelope,
                 one.state,
@@ -253,6 +324,7 @@ class MemorySource:
                 one.attempts,
                 one.due,
             )
+            error, history = one.error, one.history
         elif key in self._ended:
             ended = self._ended[key]
             env, state, kind, attempts, due = (
@@ -262,8 +334,9 @@ class MemorySource:
                 ended.attempts,
                 None,
             )
+            error, history = ended.error, ended.history
         else:
-            raise NotFound(f"queue {name!r} has no envelope {key} (live, or ended lately)")
+            raise self._gone(name, key)
         row = self._row(env, key, state, kind, attempts, due)
         payload, cut = shown(env.payload)
         retry = env.retry
@@ -284,6 +357,7 @@ class MemorySource:
             fn: Any = getattr(env, hook)
             if fn is not None:
                 fields.append((hook, _callable_name(fn)))
+        allowed = operator_events(state)
         return EnvelopeDetail(
             row=row,
             fields=fields,
@@ -294,7 +368,66 @@ class MemorySource:
                 "The moves this page heard since it was mounted (the last "
                 f"{KEPT_MOVES} of each envelope)."
             ),
+            error=error_shown(error),
+            history=[self._attempt(a) for a in history],
+            actions=allowed if held else (),
+            actions_note=""
+            if held or not allowed
+            else (
+                "The queue no longer holds this envelope (it keeps the latest "
+                "keep_ended that ended FAILED or STOPPED, none that succeeded): "
+                "no operator's move applies to it."
+            ),
         )
+
+    def _attempt(self, a: AttemptRecord) -> AttemptShown:
+        error = "" if a.error is None else f"{a.error.type}: {a.error.message}"
+        return AttemptShown(
+            attempt=a.attempt,
+            outcome=a.outcome.name,
+            started=self._wall(a.started),
+            ended=self._wall(a.ended),
+            node=a.node or "",
+            error=error[:SHOWN],
+        )
+
+    async def operate(self, name: str, key: int, event: EnvEvent) -> int | None:
+        self._check(name)
+        loop = self.q.loop
+        if loop is None or loop is asyncio.get_running_loop() or not loop.is_running():
+            return self._operate(name, key, event)
+
+        # On the queue's loop, the look-up and the call are one step of it.
+        async def there() -> int | None:
+            return self._operate(name, key, event)
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(there(), loop))
+
+    def _operate(self, name: str, key: int, event: EnvEvent) -> int | None:
+        q = self.q
+        one = self._held(key)
+        if one is None:
+            if key in self._ended:
+                raise Refused(
+                    f"queue {name!r} no longer holds envelope {key}: no operator's move "
+                    "applies to it"
+                )
+            raise self._gone(name, key)
+        if event not in operator_events(one.state):
+            raise not_allowed(key, one.state, event)
+        call = {EnvEvent.RETRY: q.retry, EnvEvent.CANCEL: q.cancel, EnvEvent.DISCARD: q.discard}
+        try:
+            done = call[event](one.envelope)
+        except EnvqError as error:
+            raise refused(key, event, error) from None
+        if not done:
+            raise Refused(
+                f"the {event.value} of envelope {key} moved nothing (its state changed, "
+                "or an envelope with its id is live in the queue)"
+            )
+        if event is EnvEvent.DISCARD:
+            return None
+        return one.envelope._rec.seq  # a retry begins a new stay
 
     async def act(self, name: str, action: Action) -> None:
         self._check(name)

@@ -4,8 +4,15 @@ Every read is SQL on ``envq.queues``, ``envq.envelopes`` and ``envq.journal``, t
 a small pool of this app's own (sessions named ``envq-web``, so that they are not
 taken for a node's), made when first needed. The list of envelopes pages by keyset
 on ``seq``, newest first (the primary key's index), so a page costs the same at the
-first envelope and the hundred-thousandth. The actions go through
-:class:`envq.postgres.PgQueue` — the same calls as the Python API.
+first envelope and the hundred-thousandth. An envelope's page shows its row's
+``last_error`` (with the traceback) and ``history`` (its failed attempts) as the nodes
+wrote them.
+
+The actions go through :class:`envq.postgres.PgQueue` — the same calls as the Python
+API and ``python -m envq.postgres`` (``stop``, ``start``, ``retry``, ``cancel``,
+``discard``): the app's own queue when it was given one, else a ``PgQueue(dsn, name,
+workers=0)`` connected for the action and closed after it (kept, it would hold a
+session named as a node's, which the nodes list would count).
 
 A database that cannot be reached raises :class:`SourceUnavailable` with the driver's
 reason, the DSN and its password left out; the next request tries again.
@@ -16,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from envq._errors import QueueStopping, QueueTerminated
+from envq._errors import EnvqError
 from envq._machine import (
     LIVE_STATES,
     CancelCause,
@@ -33,21 +41,25 @@ from envq._machine import (
 )
 from envq.postgres._edges import redact
 from envq.web._memory import SHOWN
-from envq.web._rows import envelope_row, queue_row
+from envq.web._rows import envelope_row, operator_events, queue_row
 from envq.web._source import (
     STORED,
     Action,
+    AttemptShown,
     Bucket,
     EnvelopeDetail,
     EnvelopePage,
     EnvelopeQuery,
     EnvelopeRow,
+    ErrorShown,
     Lease,
     Move,
     NotFound,
     QueueSummary,
     Refused,
     SourceUnavailable,
+    not_allowed,
+    refused,
 )
 
 if TYPE_CHECKING:
@@ -368,7 +380,8 @@ class PgSource:
                 f"SELECT {_COLUMNS}, invoke, deadline_s, failures, before_hook, after_hook,"
                 " on_success, on_failure, retry::text AS retry, created_at, updated_at,"
                 " lease_expires_at, left(jsonb_pretty(payload), $3) AS payload,"
-                " length(payload::text) AS payload_length"
+                " length(payload::text) AS payload_length, last_error::text AS last_error,"
+                " history::text AS history"
                 " FROM envq.envelopes WHERE queue = $1 AND seq = $2",
                 name,
                 key,
@@ -437,6 +450,9 @@ class PgSource:
             payload_cut=length > SHOWN,
             moves=moves,
             moves_note=note,
+            error=_error(row["last_error"]),
+            history=_history(row["history"]),
+            actions=operator_events(shown_row.state),
         )
 
     @staticmethod
@@ -463,11 +479,11 @@ class PgSource:
             from_state = EnvState.NEW
         return Move(j["at"], (source or "new").upper(), to.upper(), label, row)
 
-    async def act(self, name: str, action: Action) -> None:
-        async def check(conn: Any) -> None:
-            await self._exists(conn, name)
-
-        await self._read(check)
+    @contextlib.asynccontextmanager
+    async def _acting(self, name: str) -> AsyncIterator[PgQueue]:
+        """The :class:`PgQueue` whose calls act on queue ``name``: the app's own, or one
+        connected for this action (closed after it); its errors as the pages answer
+        them (a refusal 409, a database lost 503), without the DSN."""
         from envq.postgres import PgQueue, StoreUnavailable  # noqa: PLC0415
 
         queue = self._queue
@@ -478,6 +494,21 @@ class PgSource:
         try:
             if own:
                 await queue.connect()
+            yield queue
+        except StoreUnavailable as error:
+            raise SourceUnavailable(self._redact(str(error))) from None
+        except EnvqError as error:
+            raise Refused(self._redact(str(error))) from None
+        finally:
+            if own:
+                await queue.close()
+
+    async def act(self, name: str, action: Action) -> None:
+        async def check(conn: Any) -> None:
+            await self._exists(conn, name)
+
+        await self._read(check)
+        async with self._acting(name) as queue:
             if action is Action.START:
                 await queue.start()
             else:
@@ -488,13 +519,45 @@ class PgSource:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(STOP_WAIT):
                         await queue.wait_stopped()
-        except (QueueStopping, QueueTerminated) as error:
-            raise Refused(self._redact(str(error))) from None
-        except StoreUnavailable as error:
-            raise SourceUnavailable(self._redact(str(error))) from None
-        finally:
-            if own:
-                await queue.close()
+
+    async def state_of(self, name: str, key: int) -> EnvState:
+        async def read(conn: Any) -> EnvState:
+            await self._exists(conn, name)
+            state = await conn.fetchval(
+                "SELECT state::text FROM envq.envelopes WHERE queue = $1 AND seq = $2",
+                name,
+                key,
+            )
+            if state is None:
+                raise NotFound(f"queue {name!r} has no envelope {key}")
+            return EnvState(state)
+
+        return await self._read(read)
+
+    async def operate(self, name: str, key: int, event: EnvEvent) -> int | None:
+        state = await self.state_of(name, key)
+        if event not in operator_events(state):
+            raise not_allowed(key, state, event)
+        from envq.postgres import StoreUnavailable  # noqa: PLC0415
+
+        async with self._acting(name) as queue:
+            call = {
+                EnvEvent.RETRY: queue.retry,
+                EnvEvent.CANCEL: queue.cancel,
+                EnvEvent.DISCARD: queue.discard,
+            }
+            try:
+                done = await call[event](seqs=[key])
+            except StoreUnavailable:
+                raise
+            except EnvqError as error:
+                raise refused(key, event, error, self._redact) from None
+        if not done:
+            raise Refused(
+                f"the {event.value} of envelope {key} moved nothing (its state changed, "
+                "or an envelope with its id is live in the queue)"
+            )
+        return None if event is EnvEvent.DISCARD else key
 
     async def aclose(self) -> None:
         pool, self._pool = self._pool, None
@@ -508,3 +571,44 @@ def _event(label: str) -> EnvEvent | None:
         return EnvEvent(label)
     except ValueError:
         return None
+
+
+def _error(text: str | None) -> ErrorShown | None:
+    """A row's ``last_error`` (``{type, message, traceback}``), as a page shows it."""
+    if text is None:
+        return None
+    error = json.loads(text)
+    if not isinstance(error, dict):
+        return ErrorShown("(unreadable)", str(error)[:SHOWN])
+    return ErrorShown(
+        str(error.get("type", "")),
+        str(error.get("message", ""))[:SHOWN],
+        str(error.get("traceback") or "")[-SHOWN:],
+    )
+
+
+def _history(text: str | None) -> list[AttemptShown]:
+    """A row's ``history`` (its failed attempts, oldest first), as a page shows it;
+    the outcome is the journal's event label (``attempt_error``), shown as the
+    outcome's name (``ERROR``)."""
+    if text is None:
+        return []
+    found = json.loads(text)
+    shown = []
+    for h in found if isinstance(found, list) else []:
+        if not isinstance(h, dict):
+            continue
+        error = h.get("error")
+        what = f"{error.get('type', '')}: {error.get('message', '')}" if error else ""
+        started, ended = h.get("started"), h.get("ended")
+        shown.append(
+            AttemptShown(
+                attempt=int(h.get("attempt") or 0),
+                outcome=str(h.get("outcome") or "").removeprefix("attempt_").upper(),
+                started=float(started) if isinstance(started, int | float) else None,
+                ended=float(ended) if isinstance(ended, int | float) else None,
+                node=str(h.get("node") or ""),
+                error=what[:SHOWN],
+            )
+        )
+    return shown

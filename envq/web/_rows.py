@@ -5,7 +5,9 @@ it is read back from the tables of :mod:`envq._machine` — ``OUTCOMES[(kind, ou
 for an attempt's end (with the choice table a redirect went through), the one
 ``QUEUE_MOVES[(state, event)]`` row whose targets hold ``to`` (with its guard's value)
 otherwise, ``LIFECYCLE[(state, call)]`` for a queue's move. Nothing here restates a
-rule: a name is found by looking the move up.
+rule: a name is found by looking the move up. So are the actions a page offers: the
+operator's moves an envelope's state has a row for, the lifecycle calls that move a
+queue from its state.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from envq._machine import (
     OUTCOMES,
     PARK_INSTEAD,
     QUEUE_MOVES,
+    RELABEL,
     SHELVE_TARGET,
     CancelCause,
     DecisionKind,
@@ -32,7 +35,14 @@ from envq._machine import (
     QueueState,
 )
 
-__all__ = ["envelope_row", "event_of", "queue_row"]
+__all__ = [
+    "envelope_row",
+    "event_of",
+    "operator_events",
+    "queue_calls",
+    "queue_row",
+    "states_allowing",
+]
 
 _UNKNOWN: Final = "(not a row of the tables)"
 
@@ -113,3 +123,37 @@ def queue_row(from_state: QueueState, to_state: QueueState, call: QueueCall | No
         if row is not None and row.target is to_state:
             return f"LIFECYCLE[({from_state.name}, {each.name})]"
     return _UNKNOWN
+
+
+def operator_events(state: EnvState) -> tuple[EnvEvent, ...]:
+    """The operator's moves (``OPERATOR_EVENTS``) the tables allow an envelope in
+    ``state``, in :class:`EnvEvent`'s order: each with a ``QUEUE_MOVES`` row from
+    ``state``, and for a RUNNING envelope (which keeps running: no row moves it) each
+    that relabels its attempt's end (``RELABEL``: a cancel)."""
+    return tuple(
+        event
+        for event in EnvEvent
+        if event in OPERATOR_EVENTS
+        and ((state, event) in QUEUE_MOVES or (state is EnvState.RUNNING and event in RELABEL))
+    )
+
+
+#: The lifecycle calls a page offers as actions.
+_PAGE_CALLS: Final = (QueueCall.STOP, QueueCall.START)
+
+
+def queue_calls(state: QueueState) -> tuple[QueueCall, ...]:
+    """The calls among stop and start whose ``LIFECYCLE`` row moves a queue out of
+    ``state`` (a call refused there, or one that leaves it where it is, is not
+    offered)."""
+    found = []
+    for call in _PAGE_CALLS:
+        row = LIFECYCLE.get((state, call))
+        if row is not None and row.target is not None and row.target is not state:
+            found.append(call)
+    return tuple(found)
+
+
+def states_allowing(call: QueueCall) -> tuple[QueueState, ...]:
+    """The queue states in which :func:`queue_calls` offers ``call``."""
+    return tuple(state for state in QueueState if call in queue_calls(state))

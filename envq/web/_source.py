@@ -9,23 +9,26 @@ a page is written once for both. Times are wall-clock epoch seconds (UTC).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
 
 import attrs
 
-from envq._machine import EnvState, QueueState
+from envq._machine import OPERATOR_EVENTS, EnvEvent, EnvState, QueueState
 
 __all__ = [
     "ACTIONS",
+    "ENVELOPE_ACTIONS",
     "STORED",
     "Action",
+    "AttemptShown",
     "BadParameter",
     "Bucket",
     "EnvelopeDetail",
     "EnvelopePage",
     "EnvelopeQuery",
     "EnvelopeRow",
+    "ErrorShown",
     "Lease",
     "Move",
     "NotFound",
@@ -33,6 +36,8 @@ __all__ = [
     "Refused",
     "Source",
     "SourceUnavailable",
+    "not_allowed",
+    "refused",
 ]
 
 #: The envelope states a page can list (``NEW`` is the state of no envelope in a queue).
@@ -40,14 +45,20 @@ STORED: Final[tuple[EnvState, ...]] = tuple(s for s in EnvState if s is not EnvS
 
 
 class Action(enum.Enum):
-    """An operator's action on a queue (the next round adds the envelope actions)."""
+    """An operator's action on a queue (its lifecycle call of the same name)."""
 
     STOP = "stop"
     START = "start"
 
 
-#: The actions by their name in a form.
+#: The queue's actions by their name in a form.
 ACTIONS: Final[Mapping[str, Action]] = {a.value: a for a in Action}
+#: The actions on one envelope by their name in a form: the operator's events of the
+#: tables (``retry``, ``cancel``, ``discard``), each performed by the queue's call of
+#: that name.
+ENVELOPE_ACTIONS: Final[Mapping[str, EnvEvent]] = {
+    e.value: e for e in EnvEvent if e in OPERATOR_EVENTS
+}
 
 
 class NotFound(LookupError):
@@ -64,6 +75,25 @@ class Refused(RuntimeError):
 
 class SourceUnavailable(RuntimeError):
     """The store cannot be read now (HTTP 503); the message never holds a secret."""
+
+
+def not_allowed(key: int, state: EnvState, event: EnvEvent) -> Refused:
+    """The refusal of an operator's move the tables do not allow in ``state``."""
+    return Refused(
+        f"envelope {key} is {state.name}: the tables have no {event.name} move from "
+        f"{state.name} (no row ({state.name}, {event.name}) in QUEUE_MOVES)"
+    )
+
+
+def refused(
+    key: int, event: EnvEvent, error: Exception, clean: Callable[[str], str] = str
+) -> Refused:
+    """The queue's call refused an operator's move (``clean``: what the message may
+    show)."""
+    return Refused(
+        f"the {event.value} of envelope {key} was refused ({type(error).__name__}): "
+        + clean(str(error))
+    )
 
 
 @attrs.frozen
@@ -142,6 +172,33 @@ class Move:
 
 
 @attrs.frozen
+class ErrorShown:
+    """The error an attempt ended with, as a page shows it."""
+
+    #: The error's class, qualified (``builtins.RuntimeError``).
+    type: str
+    message: str
+    #: The formatted traceback ("" when not kept).
+    traceback: str = ""
+
+
+@attrs.frozen
+class AttemptShown:
+    """One attempt of an envelope's story (an attempt that ended with an error)."""
+
+    attempt: int
+    #: How it ended, an :class:`envq.Outcome`'s name (``ERROR``, ``TIMEOUT``...).
+    outcome: str
+    #: Epoch seconds (None: not known).
+    started: float | None
+    ended: float | None
+    #: The node that ran it ("" in process).
+    node: str
+    #: ``type: message`` of its error ("" for none).
+    error: str
+
+
+@attrs.frozen
 class EnvelopeDetail:
     """One envelope's page."""
 
@@ -154,6 +211,15 @@ class EnvelopeDetail:
     moves: Sequence[Move]
     #: Where the moves come from, and what they may miss.
     moves_note: str
+    #: The last error an attempt of it ended with.
+    error: ErrorShown | None = None
+    #: Its attempts that ended with an error (the latest the store keeps), oldest first.
+    history: Sequence[AttemptShown] = ()
+    #: The operator's moves offered on its page: those the tables allow in its state,
+    #: when the queue holds it (see :func:`envq.web._rows.operator_events`).
+    actions: Sequence[EnvEvent] = ()
+    #: Why no move is offered although the tables allow one ("" otherwise).
+    actions_note: str = ""
 
 
 @attrs.frozen
@@ -208,6 +274,18 @@ class Source(Protocol):
     async def act(self, name: str, action: Action) -> None:
         """Perform an action through the queue's own API; :class:`Refused` when its
         tables refuse it in the queue's state."""
+        ...
+
+    async def state_of(self, name: str, key: int) -> EnvState:
+        """The state of one envelope now; :class:`NotFound` when there is none."""
+        ...
+
+    async def operate(self, name: str, key: int, event: EnvEvent) -> int | None:
+        """An operator's move (``retry``, ``cancel``, ``discard``) on one envelope,
+        through the queue's call of that name; the key of its page afterwards (None:
+        it left the queue's keeping). :class:`NotFound` when there is none;
+        :class:`Refused` when the tables allow no such move in its state, the call
+        refuses it (a stopped queue, no capacity...) or moved nothing."""
         ...
 
     async def aclose(self) -> None:

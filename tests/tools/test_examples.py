@@ -73,12 +73,13 @@ EXPECTED: dict[str, list[str]] = {
         r"^POST /emails -> 202 \{'id': 1\}$",
         r"^POST /emails -> 202 \{'id': 3\}$",
         r"^GET /stats -> RUNNING succeeded: 3$",
+        r"^GET /ops/queue/envelopes -> 200 3 succeeded listed$",
         r"^sent: \['a@example.com', 'b@example.com', 'c@example.com'\]$",
         r"^app: done$",
     ],
 }
 #: Scripts that need the ``examples`` extra, and the modules it brings.
-NEEDS: dict[str, tuple[str, ...]] = {"fastapi_app.py": ("fastapi", "httpx")}
+NEEDS: dict[str, tuple[str, ...]] = {"fastapi_app.py": ("fastapi", "httpx", "jinja2")}
 #: The pages whose ```python blocks run here.
 GUIDES = ("migrating-from-rate-envelope-queue.md", "migrating-from-dowork.md")
 

@@ -24,7 +24,8 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
-from envq.web._app import CSRF_COOKIE, UNLOCK_COOKIE
+from envq.web._app import CSRF_COOKIE, DONE, UNLOCK_COOKIE
+from envq.web._source import ACTIONS, ENVELOPE_ACTIONS
 
 TOKEN = "a-long-action-token-0123456789"
 
@@ -155,11 +156,14 @@ async def test_stop_and_start_go_through_the_queue(make_queue: object) -> None:
     async with client(q) as c:
         await unlock(c)
         csrf = c.cookies[CSRF_COOKIE]
+        # Offered where LIFECYCLE moves the queue: INIT starts, it does not stop.
+        assert shown_calls((await c.get("/queue")).text) == {"start"}
         started = await c.post("/action", data={"csrf": csrf, "q": "jobs", "action": "start"})
         assert started.status_code == 303
         assert started.headers["location"] == "queue?q=jobs&done=start"
         assert started.headers["cache-control"] == "no-store"
         assert q.state is QueueState.RUNNING
+        assert shown_calls((await c.get("/queue")).text) == {"stop"}
         stopped = await c.post("/action", data={"csrf": csrf, "q": "jobs", "action": "stop"})
         assert stopped.status_code == 303
         await asyncio.sleep(0)
@@ -167,6 +171,10 @@ async def test_stop_and_start_go_through_the_queue(make_queue: object) -> None:
         page = (await c.get("/queue?done=stop")).text
         assert "stop requested." in page
         assert 'data-qstate="1">STOPPED<' in page
+        assert shown_calls(page) == {"start"}
+        # The script shows the buttons of the state it polls: each names its states.
+        assert 'value="start" data-q="jobs" data-when="INIT STOPPED"' in page
+        assert 'value="stop" data-q="jobs" data-when="RUNNING"' in page
         await q.terminate()
         refused = await c.post("/action", data={"csrf": csrf, "q": "jobs", "action": "start"})
         assert refused.status_code == 409
@@ -174,6 +182,16 @@ async def test_stop_and_start_go_through_the_queue(make_queue: object) -> None:
         locked = await c.post("/lock", data={"csrf": csrf})
         assert locked.status_code == 303
         assert UNLOCK_COOKIE not in c.cookies
+
+
+def shown_calls(page: str) -> set[str]:
+    """The queue's action buttons a page shows (not ``hidden``)."""
+    buttons = re.findall(r'<button type="submit" name="action" value="(\w+)"([^>]*)>', page)
+    return {value for value, rest in buttons if " hidden" not in rest}
+
+
+def test_every_action_has_its_notice() -> None:
+    assert set(DONE) == set(ACTIONS) | set(ENVELOPE_ACTIONS)
 
 
 async def test_mounted_under_a_path_the_links_resolve(make_queue: object) -> None:

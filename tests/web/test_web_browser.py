@@ -13,11 +13,9 @@ They skip when Chromium or Playwright is missing, unless ``ENVQ_REQUIRE_BROWSER=
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,16 +30,9 @@ asyncpg = pytest.importorskip("asyncpg")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "docs" / "assets"
 TOKEN = "browser-action-token-0123456789"
-LIMIT = 60_000  # ms: generous; nothing here is timed
-
-
-def shoot(page: Any, name: str) -> None:
-    """A screenshot of the page for the docs, when asked for."""
-    if os.environ.get("ENVQ_WEB_SCREENSHOTS") == "1":
-        page.screenshot(path=str(SHOTS / f"web-{name}.png"), full_page=True)
+LIMIT = ws.LIMIT
+shoot = ws.shoot
 
 
 def shown(page: Any, queue: str, state: str) -> str:

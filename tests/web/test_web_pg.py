@@ -112,7 +112,8 @@ async def test_pages_read_the_rows(web_db: Callable[[], str]) -> None:
 async def test_moves_from_the_journal_name_their_rows(web_db: Callable[[], str]) -> None:
     dsn = web_db()
     heard: list[envq.Event] = []
-    async with PgQueue(dsn, "jobs", workers=2, poll=0.1) as node:
+    heard_node = "journal-node"
+    async with PgQueue(dsn, "jobs", workers=2, poll=0.1, node=heard_node) as node:
         await node.install()
         node.subscribe(heard.append)  # turns the journal on
         await node.start()
@@ -136,7 +137,19 @@ async def test_moves_from_the_journal_name_their_rows(web_db: Callable[[], str])
             "QUEUE_MOVES[(READY, DISPATCH)]",
             "OUTCOMES[(ONE_OFF, ERROR)]",
         ]
-        assert "broken &lt;b&gt;" not in one  # the error is not stored (next round)
+        # Its story, from the row: the last error with the traceback, escaped, and
+        # both failed attempts with the node that ran them.
+        assert "<b>on purpose" not in one
+        error = re.search(r'<pre class="traceback">([^<]*)</pre>', one)
+        assert error is not None
+        assert "RuntimeError: broken <b>on purpose</b>" in html.unescape(error[1])
+        assert "in broken" in html.unescape(error[1])  # the job's frame
+        attempts = re.findall(
+            r'<td class="num">(\d+)</td><td>([A-Z]+)</td>.*?<td class="mono node">([^<]*)</td>',
+            one,
+        )
+        assert [(int(n), outcome) for n, outcome, _ in attempts] == [(1, "ERROR"), (2, "ERROR")]
+        assert all(node.startswith(heard_node) for _, _, node in attempts)
 
 
 async def _failed(queue: PgQueue) -> bool:

@@ -14,19 +14,29 @@ from envq._machine import (
     OPERATOR_EVENTS,
     OUTCOMES,
     QUEUE_MOVES,
+    RELABEL,
     CancelCause,
     DecisionKind,
     EnvEvent,
     EnvState,
     Kind,
     Outcome,
+    QueueCall,
     QueueState,
 )
 
 pytest.importorskip("starlette")
 
 from envq.web._diagram import envelope_diagram, lifecycle_diagram
-from envq.web._rows import envelope_row, event_of, queue_row
+from envq.web._rows import (
+    envelope_row,
+    event_of,
+    operator_events,
+    queue_calls,
+    queue_row,
+    states_allowing,
+)
+from envq.web._source import ENVELOPE_ACTIONS
 
 
 def test_envelope_edges_are_the_moves_of_the_tables() -> None:
@@ -145,3 +155,40 @@ def test_named_rows_say_which_choice_a_redirect_took() -> None:
     assert envelope_row(EnvState.READY, EnvState.SUCCEEDED) == "(not a row of the tables)"
     assert queue_row(QueueState.RUNNING, QueueState.STOPPING, None) == "LIFECYCLE[(RUNNING, STOP)]"
     assert queue_row(QueueState.INIT, QueueState.STOPPED, None) == "(not a row of the tables)"
+
+
+def test_the_moves_offered_are_the_operators_rows() -> None:
+    """An envelope's page offers each operator's event with a row from its state, and a
+    running one's cancel (a relabelling: it keeps running); nothing else."""
+    for state in EnvState:
+        want = {event for (s, event) in QUEUE_MOVES if s is state and event in OPERATOR_EVENTS}
+        if state is EnvState.RUNNING:
+            want |= set(RELABEL) & OPERATOR_EVENTS
+        assert set(operator_events(state)) == want, state
+    # As the tables read today (a change to them shows here first).
+    offered = {s.name: [e.name for e in operator_events(s)] for s in EnvState}
+    assert offered == {
+        "NEW": [],
+        "BUFFERED": ["CANCEL"],
+        "READY": ["CANCEL"],
+        "DELAYED": ["CANCEL"],
+        "RUNNING": ["CANCEL"],
+        "PARKED": ["CANCEL"],
+        "SUCCEEDED": ["DISCARD"],
+        "FAILED": ["RETRY", "DISCARD"],
+        "STOPPED": ["RETRY", "DISCARD"],
+        "RETURNED": [],
+    }
+    assert set(ENVELOPE_ACTIONS.values()) == OPERATOR_EVENTS
+
+
+def test_stop_and_start_are_offered_where_their_row_moves_the_queue() -> None:
+    for state in QueueState:
+        want = [
+            call
+            for call in (QueueCall.STOP, QueueCall.START)
+            if LIFECYCLE[(state, call)].target not in (None, state)
+        ]
+        assert list(queue_calls(state)) == want, state
+    assert states_allowing(QueueCall.STOP) == (QueueState.RUNNING,)
+    assert states_allowing(QueueCall.START) == (QueueState.INIT, QueueState.STOPPED)

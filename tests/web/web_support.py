@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
@@ -35,6 +36,17 @@ PASSWORD = "s3cret-Pa55word"
 
 #: Opened to let the gated jobs end (set from any thread).
 GATE = threading.Event()
+
+#: Where the browser tests' screenshots go (for docs/web.md).
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "assets"
+#: How long a browser test waits for a page to change (ms): generous, nothing is timed.
+LIMIT = 60_000
+
+
+def shoot(page: Any, name: str) -> None:
+    """A screenshot of the page for the docs, when asked for (``ENVQ_WEB_SCREENSHOTS=1``)."""
+    if os.environ.get("ENVQ_WEB_SCREENSHOTS") == "1":
+        page.screenshot(path=str(SHOTS / f"web-{name}.png"), full_page=True)
 
 
 async def gated(env: envq.Envelope) -> None:
@@ -56,6 +68,16 @@ async def broken(env: envq.Envelope) -> None:
 async def stopping(env: envq.Envelope) -> None:
     """Ends its envelope STOPPED."""
     raise envq.StopEnvelope
+
+
+#: The ids of the envelopes :func:`flaky` fails (a test lets one through by removing it).
+FAILING: set[object] = set()
+
+
+async def flaky(env: envq.Envelope) -> None:
+    """Fails, with markup in its message, while its id is in :data:`FAILING`."""
+    if env.id in FAILING:
+        raise ValueError(f"<i>{env.id}</i> is not ready yet")
 
 
 def with_password(dsn: str) -> str:

@@ -1,5 +1,6 @@
-// envq web: refresh the live counts without reloading the page, and show a banner
-// while the store cannot be read. No inline script anywhere (the pages' policy).
+// envq web: refresh the live counts without reloading the page, show the actions the
+// queue's state allows, reload an envelope's page when the envelope moved, and show a
+// banner while the store cannot be read. No inline script anywhere (the pages' policy).
 "use strict";
 (function () {
   const body = document.body;
@@ -7,6 +8,8 @@
   const queue = body.dataset.queue;
   const banner = document.getElementById("banner");
   const url = "api/counts" + (queue ? "?q=" + encodeURIComponent(queue) : "");
+  const key = body.dataset.key;
+  const shownState = document.querySelector("[data-envstate]");
   let wasDown = body.dataset.down === "1";
 
   function show(data) {
@@ -25,6 +28,20 @@
       const q = queues[el.dataset.q];
       if (q) el.classList.toggle("current", el.dataset.life === q.state);
     });
+    document.querySelectorAll("[data-when]").forEach(function (el) {
+      const q = queues[el.dataset.q];
+      if (q) el.hidden = el.dataset.when.split(" ").indexOf(q.state) < 0;
+    });
+  }
+
+  // The envelope of this page: a new state (or none) means a page with other facts
+  // and other actions, so the page is rendered again.
+  async function watch() {
+    const response = await fetch("api/envelope?q=" + encodeURIComponent(queue) + "&key=" + key,
+      { headers: { accept: "application/json" }, cache: "no-store" });
+    if (response.status === 503) return;
+    const data = await response.json().catch(function () { return {}; });
+    if (!response.ok || data.state !== shownState.dataset.envstate) window.location.reload();
   }
 
   function down(message) {
@@ -48,6 +65,7 @@
         wasDown = false;
       }
       show(data);
+      if (key && queue && shownState) await watch();
     } catch (error) {
       down("the dashboard cannot be reached");
     } finally {
