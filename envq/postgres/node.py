@@ -14,13 +14,22 @@ without it the node polls every ``--poll`` seconds. A database the node refuses 
 run on (no envq schema, another version, a transaction pooler it was not told of, a
 capacity of its own) ends it with the reason on stderr and exit status 1.
 
-It prints ``ready <node>`` on stdout once it serves, for scripts that wait for it.
+With ``--metrics-port``, the node serves its Prometheus metrics on
+``http://<--metrics-host>:<port>/metrics`` (:func:`envq.prometheus_metrics` of its
+queue: the shared queue's counts read from the database per scrape, this node's
+attempts; needs the ``envq[prometheus]`` extra) and prints ``metrics <url>``. With
+``--log-attempts`` it logs one record per attempt (:func:`envq.logging_stamp`: the
+envelope, its outcome, its duration) on the ``envq.stamp`` logger at INFO.
+
+It prints ``ready <node>`` on stdout once it serves, for scripts that wait for it, and
+``left <node> <counts>`` once it has left.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -28,6 +37,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
+from envq._stamps import logging_stamp
 from envq.postgres._edges import POOLERS, StoreUnavailable
 from envq.postgres._queue import PgQueue
 
@@ -50,10 +60,22 @@ async def _run(args: argparse.Namespace, queue: PgQueue) -> str | None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, leave.set)
-    async with queue:
-        await queue.start()
-        print(f"ready {queue.node}", flush=True)
-        await leave.wait()
+    with contextlib.ExitStack() as metrics:
+        if args.metrics_port is not None:
+            try:
+                from envq._metrics import prometheus_metrics, serve_metrics  # noqa: PLC0415
+
+                metrics.callback(prometheus_metrics(queue).close)
+                server = serve_metrics(args.metrics_port, host=args.metrics_host)
+            except (ImportError, OSError) as error:
+                await queue.close()
+                return f"--metrics-port: {error}"
+            metrics.callback(server.close)
+            print(f"metrics {server.url}", flush=True)
+        async with queue:
+            await queue.start()
+            print(f"ready {queue.node}", flush=True)
+            await leave.wait()
     print(f"left {queue.node} {queue.counts_local}", flush=True)
     return None
 
@@ -77,9 +99,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "$ENVQ_LISTEN_DSN, or poll)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (0: a free one; needs envq[prometheus])",
+    )
+    parser.add_argument(
+        "--metrics-host", default="127.0.0.1", help="the metrics' address (127.0.0.1)"
+    )
+    parser.add_argument(
+        "--log-attempts", action="store_true", help="log one record per attempt (INFO)"
+    )
+    parser.add_argument(
         "--log", default="WARNING", type=str.upper, choices=_LEVELS, help="log level"
     )
     args = parser.parse_args(argv)
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        parser.error(f"--metrics-port must be from 0 to 65535, not {args.metrics_port}")
     dsn = args.dsn or os.environ.get("ENVQ_DSN")
     if not dsn:
         parser.error("give --dsn or set ENVQ_DSN")
@@ -95,10 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             node=args.node,
             pooler=args.pooler,
             listen_dsn=os.environ.get("ENVQ_LISTEN_DSN") or None,
+            stamps=(logging_stamp(),) if args.log_attempts else (),
         )
     except (TypeError, ValueError) as error:
         parser.error(str(error))
     logging.basicConfig(level=args.log, stream=sys.stderr)
+    if args.log_attempts:
+        logging.getLogger("envq.stamp").setLevel(logging.INFO)
     refused = asyncio.run(_run(args, queue))
     if refused is not None:
         sys.stderr.write(f"{parser.prog}: {refused}\n")
