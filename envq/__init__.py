@@ -1,10 +1,12 @@
-"""envq — an asyncio-native, formally modelled in-process queue and scheduler.
+"""envq — an asyncio-native, formally modelled queue and scheduler, in one process or
+shared on PostgreSQL (:mod:`envq.postgres`).
 
 Envelopes (units of work) run on a fixed worker pool with one-off and periodic
 schedules, per-attempt deadlines, hooks, middleware ("stamps"), failure decisions,
-retries with backoff, a capacity limit with backpressure, dedup by identity, and a
-restartable Start/Stop/Start lifecycle. The lifecycle and the per-envelope outcomes are
-explicit state machines whose transition tables live, as data, in ``envq._machine``.
+retries with backoff, a capacity limit with backpressure, dedup by ``id`` (by identity
+without one), and a restartable Start/Stop/Start lifecycle. The lifecycle and the
+per-envelope outcomes are explicit state machines whose transition tables live, as
+data, in ``envq._machine``.
 
 Observability (``docs/observability.md``): every state change is an :class:`Event` for
 the listeners of ``Queue.subscribe``; :func:`prometheus_metrics` exports client-go's
