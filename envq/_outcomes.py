@@ -21,7 +21,6 @@ from envq import _machine
 from envq._admission import wall_offset
 from envq._attempt import Runner, Worker
 from envq._envelope import Enter, Envelope, _Rec
-from envq._errors import MaxRetriesExceeded
 from envq._limits import RateLimiter, ask_limiter, forget_limiter
 from envq._listeners import Listeners
 from envq._machine import (
@@ -31,7 +30,6 @@ from envq._machine import (
     RELABEL,
     SHELVE_TARGET,
     Action,
-    DecisionKind,
     EnvEvent,
     EnvState,
     Kind,
@@ -39,6 +37,7 @@ from envq._machine import (
     OutcomeRow,
     QueueState,
 )
+from envq._rules import by_policy, exhausted
 from envq._values import Schedule
 
 __all__ = ["Perform", "Settler"]
@@ -332,17 +331,12 @@ class Settler:
             if self._banned_meanwhile(w, env, rec, outcome, cause):
                 return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
-        elif env.retry is not None:
-            retry = env.retry
-            if retry.allows(attempt):
-                to, delay = DECISION_TARGET[DecisionKind.RETRY_AFTER], retry.delay(attempt)
+        else:
+            verdict, delay = by_policy(env.retry, attempt)
+            if verdict is not None:
+                to = DECISION_TARGET[verdict]
             else:
-                exhausted = MaxRetriesExceeded(
-                    f"queue {self.name!r}: {env.label()} failed {attempt} of "
-                    f"{retry.attempts} attempts"
-                )
-                exhausted.__cause__ = cause
-                cause = exhausted
+                cause = exhausted(f"queue {self.name!r}", env.label(), env.retry, attempt, cause)
         self._requeue(env, rec, outcome, to, delay, cause, retry=limited)
 
     def blacklist_type(self, culprit: Envelope) -> None:

@@ -236,6 +236,8 @@ class Harness:
         script is replayed).
     :param on_crash: called with the error when the driver fails (exits, hangs, answers
         out of the protocol) and the script that led to it; the error is raised after.
+    :param jitter: real seconds of scheduling jitter the timing checks of a real-clock
+        port allow (at least a quarter of a model second is allowed whatever it is).
     """
 
     def __init__(
@@ -250,13 +252,14 @@ class Harness:
         known: list[Violation] | None = None,
         on_violation: Callable[[Violation, tuple[dict[str, Any], ...]], None] | None = None,
         on_crash: Callable[[DriverCrashed, tuple[dict[str, Any], ...]], None] | None = None,
+        jitter: float = REAL_JITTER,
     ) -> None:
         self.driver = driver
         self.on_violation = on_violation
         self.on_crash = on_crash
         self.ignore = frozenset(ignore)
         scale = float((hello or {}).get("time_scale", 0.05))
-        self.oracle = Oracle(max(0.25, REAL_JITTER / scale) if real_clock else 1e-6)
+        self.oracle = Oracle(max(0.25, jitter / scale) if real_clock else 1e-6)
         # A real-clock port may report the moves an on_success call belongs with in
         # the batch after the call's.
         self.oracle.late_batches = 1 if real_clock else 0

@@ -29,6 +29,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from envq._machine import ENVELOPE_MOVES, LIFECYCLE, OUTCOMES
 from envq.conform.harness import (
+    REAL_JITTER,
     Harness,
     ScriptError,
     bad_answer,
@@ -80,6 +81,9 @@ class Options:
     derandomize: bool = False
     #: Real seconds per model second, for a port on the real clock.
     time_scale: float = 0.05
+    #: Real seconds of scheduling jitter a real-clock port's timing checks allow (a
+    #: loaded machine needs more than the default).
+    jitter: float = REAL_JITTER
     shrink: bool = True
     #: Violations not to report (a check, or a check and a table row).
     ignore: tuple[str, ...] = ()
@@ -225,6 +229,7 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
         hello={"time_scale": options.time_scale},
         ignore=[*options.ignore, *declared_keys],
         coverage=result.coverage,
+        jitter=options.jitter,
     )
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     real_clock = profile.real_clock
@@ -368,6 +373,7 @@ def minimise(
                 hello={"time_scale": options.time_scale},
                 real_clock=real_clock,
                 ignore=ignored,
+                jitter=options.jitter,
             )
             replay(harness, script)
         except Violation as exc:
@@ -705,6 +711,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="real seconds per model second, for a real-clock driver (0.05)",
     )
     parser.add_argument(
+        "--jitter",
+        type=seconds,
+        default=REAL_JITTER,
+        help=f"real seconds of scheduling jitter a real-clock driver's timing checks allow "
+        f"({REAL_JITTER:g}; more on a loaded machine)",
+    )
+    parser.add_argument(
         "--response-timeout",
         type=seconds,
         default=60.0,
@@ -786,6 +799,7 @@ def main(argv: Sequence[str]) -> int:
         steps=args.steps,
         derandomize=args.derandomize,
         time_scale=args.time_scale,
+        jitter=args.jitter,
         shrink=not args.no_shrink,
         ignore=tuple(args.ignore),
     )
@@ -832,6 +846,7 @@ def _replay(connect: Callable[[], Driver], commands: list[dict[str, Any]], optio
         hello={"time_scale": first.get("time_scale", options.time_scale)},
         real_clock=answer.get("clock") == "real",
         ignore=options.ignore,
+        jitter=options.jitter,
     )
     try:
         replay(harness, commands)

@@ -26,6 +26,7 @@ from envq._envelope import Envelope
 from envq._errors import MaxRetriesExceeded
 from envq._machine import OUTCOMES, Action, DecisionKind, EnvState, Kind, Outcome
 from envq._reports import ErrorInfo
+from envq._rules import by_policy, exhausted
 from envq._schedule import Timing
 from envq._values import Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
@@ -137,15 +138,15 @@ def without_code(
                 retry = None if row["retry"] is None else Retry(**json.loads(row["retry"]))
             except (TypeError, ValueError):
                 retry = None
-            if retry is not None and retry.allows(attempt):
-                delay = retry.delay(attempt)
+            decision, delay = by_policy(retry, attempt)
+            if decision is not None:
                 log.warning(
                     "%s: attempt %d failed; retried in %.3g s under its retry policy",
                     what,
                     attempt,
                     delay,
                 )
-                return DecisionKind.RETRY_AFTER, delay, None
+                return decision, delay, None
             log.warning("%s: attempt %d failed, and its retry policy allows no more", what, attempt)
             return DecisionKind.DROP, 0.0, None
         case Action.DECIDE_PERIODIC:
@@ -235,28 +236,23 @@ async def decide(
             if periodic:
                 wait = next_run(env.schedule, env.interval, row, started, started_db)
                 return None, wait, failures
-            retry = env.retry
-            if retry is not None and retry.allows(attempt):
-                return DecisionKind.RETRY_AFTER, retry.delay(attempt), None
-            return None, 0.0, None
+            verdict, delay = by_policy(env.retry, attempt)
+            return verdict, delay, None
         case Action.REPORT_FAILURE | Action.END | Action.SHELVE | Action.BLACKLIST:
             return None, 0.0, None
         case _:
             assert_never(action)
 
 
-def spent(env: Envelope, row: Row, outcome: Outcome, cause: _Cause) -> _Cause:
+def spent(queue: str, env: Envelope, row: Row, outcome: Outcome, cause: _Cause) -> _Cause:
     """The error an attempt's end reports: for a one-off failure whose retry policy
     allows no more attempts (and no ``on_failure`` decides), ``MaxRetriesExceeded``
     chained to the attempt's own error (as in one process); else that error."""
     if OUTCOMES[(Kind(row["kind"]), outcome)].action is not Action.DECIDE:
         return cause
-    retry, attempt = env.retry, int(row["attempt"])
-    if env.on_failure is not None or retry is None or retry.allows(attempt):
+    if env.on_failure is not None:
         return cause
-    exhausted = MaxRetriesExceeded(f"{env.label()} failed {attempt} of {retry.attempts} attempts")
-    exhausted.__cause__ = cause
-    return exhausted
+    return exhausted(f"queue {queue!r}", env.label(), env.retry, int(row["attempt"]), cause)
 
 
 def error_json(error: _Cause) -> str | None:
@@ -425,7 +421,7 @@ class Reaper:
                 assert decided is not None  # the hold above always holds
                 kind, delay, failures = decided
                 decision = None if kind is None else kind.value
-                kept = spent(env, row, Outcome.EXPIRED, cause)
+                kept = spent(self.name, env, row, Outcome.EXPIRED, cause)
             ended = await conn.fetchval(
                 _EXPIRE, seq, token, decision, delay, failures, error_json(kept)
             )

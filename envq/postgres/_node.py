@@ -754,7 +754,7 @@ class Node:
             if outcome is Outcome.STOP_TYPE and env.type:  # the ban commits with the end
                 await end_banning(self, row, env.type, flight.claimed_at)
                 return
-            kept = spent(env, row, outcome, cause)
+            kept = spent(self.name, env, row, outcome, cause)
             ended = await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures, kept)
             if ended is not None:
                 for watch in self.watches:

@@ -88,7 +88,8 @@ class TestReferenceDriver:
         the harness (ordering by spacing, not by a controlled clock)."""
         result = run(
             lambda: InProcessDriver(lambda: Session("real")),
-            Options(examples=4, steps=15, derandomize=True, time_scale=0.02),
+            # A loaded CI machine delays a timer by tens of milliseconds now and then.
+            Options(examples=4, steps=15, derandomize=True, time_scale=0.05, jitter=0.08),
         )
         assert result.error is None, result.error
         assert result.driver["clock"] == "real"

@@ -265,7 +265,9 @@ class ReportsAfterCommitInProcess(_AfterCommit):
     """The same order from a port without ``leases``: wrong."""
 
 
-RUN = Options(examples=40, steps=30, derandomize=True)
+#: Derandomized runs are seeded from the machine's source: enough examples that the rows
+#: asserted below are reached whatever that seed is.
+RUN = Options(examples=100, steps=30, derandomize=True)
 
 
 class TestThroughTheHarness:

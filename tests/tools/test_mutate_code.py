@@ -37,6 +37,7 @@ def test_enough_mutants_of_every_engine_file() -> None:
             "_machine",
             "_admission",
             "_outcomes",
+            "_rules",
             "_crew",
             "_lifecycle",
             "_moves",

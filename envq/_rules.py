@@ -1,0 +1,48 @@
+"""The decisions both stores make, once: pure functions of an attempt's facts.
+
+The tables (:mod:`envq._machine`) say which row an attempt's outcome selects; the
+functions here decide what a row leaves open — for a one-off failure that no
+``on_failure`` hook decides, whether the envelope's :class:`~envq.Retry` policy puts
+it back and after how long, and the error its end reports when the policy allows no
+more attempts. The in-process engine (:mod:`envq._outcomes`) and the PostgreSQL node
+(:mod:`envq.postgres._ends`) both call them; neither decides a retry by itself.
+
+No I/O, no clock, no store: the inputs are the policy and the attempt's number, so a
+store may call them before it commits the end under the attempt's lease.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from envq._errors import MaxRetriesExceeded
+from envq._machine import DecisionKind
+from envq._values import Retry
+
+__all__ = ["RETRY", "by_policy", "exhausted"]
+
+#: The decision of a retry the policy allows.
+RETRY: Final = DecisionKind.RETRY_AFTER
+
+
+def by_policy(retry: Retry | None, attempt: int) -> tuple[DecisionKind | None, float]:
+    """A one-off envelope's failed ``attempt`` (numbered from 1), decided by its retry
+    policy: ``(RETRY_AFTER, delay)`` while the policy allows another attempt, else
+    ``(None, 0.0)`` — the row's own target (FAILED)."""
+    if retry is not None and retry.allows(attempt):
+        return RETRY, retry.delay(attempt)
+    return None, 0.0
+
+
+def exhausted(
+    where: str, label: str, retry: Retry | None, attempt: int, cause: BaseException | None
+) -> BaseException | None:
+    """The error a one-off envelope's failed ``attempt`` ends with when its policy
+    decided: ``MaxRetriesExceeded`` chained to the attempt's own error once the policy
+    allows no more, else the attempt's error (``cause``). ``where`` names the queue in
+    the message (``"queue 'mail'"``); ``label`` the envelope."""
+    if retry is None or retry.allows(attempt):
+        return cause
+    error = MaxRetriesExceeded(f"{where}: {label} failed {attempt} of {retry.attempts} attempts")
+    error.__cause__ = cause
+    return error
