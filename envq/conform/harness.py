@@ -14,6 +14,7 @@ declared it (or an audit found it already): then it is recorded in
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import math
@@ -46,6 +47,11 @@ GUARD_REAL: Final = 60.0
 #: What the timing checks of a real-clock port allow: this many real seconds of
 #: scheduling jitter, or a quarter of a model second, whichever is more.
 REAL_JITTER: Final = 0.02
+#: The jitter a harness allows when it is not told (a run of the runner sets it from
+#: ``Options.jitter`` for the harnesses its machine makes).
+JITTER: Final[contextvars.ContextVar[float]] = contextvars.ContextVar(
+    "envq_conform_jitter", default=REAL_JITTER
+)
 
 
 def matches(violation: Violation, keys: Iterable[str]) -> bool:
@@ -237,7 +243,8 @@ class Harness:
     :param on_crash: called with the error when the driver fails (exits, hangs, answers
         out of the protocol) and the script that led to it; the error is raised after.
     :param jitter: real seconds of scheduling jitter the timing checks of a real-clock
-        port allow (at least a quarter of a model second is allowed whatever it is).
+        port allow (at least a quarter of a model second is allowed whatever it is;
+        default: :data:`JITTER`'s value).
     """
 
     def __init__(
@@ -252,13 +259,14 @@ class Harness:
         known: list[Violation] | None = None,
         on_violation: Callable[[Violation, tuple[dict[str, Any], ...]], None] | None = None,
         on_crash: Callable[[DriverCrashed, tuple[dict[str, Any], ...]], None] | None = None,
-        jitter: float = REAL_JITTER,
+        jitter: float | None = None,
     ) -> None:
         self.driver = driver
         self.on_violation = on_violation
         self.on_crash = on_crash
         self.ignore = frozenset(ignore)
         scale = float((hello or {}).get("time_scale", 0.05))
+        jitter = JITTER.get() if jitter is None else jitter
         self.oracle = Oracle(max(0.25, jitter / scale) if real_clock else 1e-6)
         # A real-clock port may report the moves an on_success call belongs with in
         # the batch after the call's.

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 )
 
 from envq._machine import EnvState, QueueState
-from envq.conform.harness import REAL_JITTER, Harness
+from envq.conform.harness import Harness
 from envq.conform.oracle import Coverage, Violation
 from envq.conform.protocol import EnvSpec, Plan, QueueConfig, StopCall
 from envq.conform.strategies import Profile
@@ -92,7 +92,6 @@ def make_machine(
     hello: dict[str, Any] | None = None,
     ignore: Iterable[str] = (),
     coverage: Coverage | None = None,
-    jitter: float = REAL_JITTER,
 ) -> type[RuleBasedStateMachine]:
     """The conformance machine for one port.
 
@@ -102,7 +101,6 @@ def make_machine(
     :param hello: extra fields of the ``hello`` command (``time_scale``).
     :param ignore: violations not to report (see :func:`envq.conform.harness.matches`).
     :param coverage: where the checks and rows exercised are counted, across runs.
-    :param jitter: real seconds of jitter a real-clock port's timing checks allow.
     """
     has = profile.has
     ignored = frozenset(ignore)
@@ -158,7 +156,6 @@ def make_machine(
                 known=recorder.known,
                 on_violation=recorder.raised,
                 on_crash=recorder.crashed,
-                jitter=jitter,
             )
 
         def _make(self, spec: EnvSpec) -> str:

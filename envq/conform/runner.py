@@ -29,6 +29,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from envq._machine import ENVELOPE_MOVES, LIFECYCLE, OUTCOMES
 from envq.conform.harness import (
+    JITTER,
     REAL_JITTER,
     Harness,
     ScriptError,
@@ -229,7 +230,6 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
         hello={"time_scale": options.time_scale},
         ignore=[*options.ignore, *declared_keys],
         coverage=result.coverage,
-        jitter=options.jitter,
     )
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     real_clock = profile.real_clock
@@ -252,8 +252,12 @@ def run(connect: Callable[[], Driver], options: Options = Options()) -> Result:
     started = time.monotonic()
     harness: Harness | None
     try:
-        with _without_source_constants():
-            run_state_machine_as_test(machine, settings=config)
+        jitter = JITTER.set(options.jitter)
+        try:
+            with _without_source_constants():
+                run_state_machine_as_test(machine, settings=config)
+        finally:
+            JITTER.reset(jitter)
     except Violation as exc:
         harness = recorder.harness
         script = tuple(harness.log) if harness is not None else ()

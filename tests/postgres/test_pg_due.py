@@ -51,4 +51,5 @@ async def test_a_delayed_envelope_becomes_ready_at_its_due_time(pg_dsn: str) -> 
         if r["event"] == "due"
     }
     assert set(late) == set(DELAYS)
-    assert all(-0.01 <= s <= 0.15 for s in late.values()), late
+    # Not a poll (1 s) late: at its due time, give or take a loaded machine's delay.
+    assert all(-0.01 <= s <= 0.5 for s in late.values()), late
