@@ -118,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument("--dsn", default=None, help="the database of --postgres")
+    demo.add_argument(
+        "--web",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=(
+            "with --postgres: serve the dashboard (envq web) of the demo's database on "
+            "http://127.0.0.1:PORT/ while it runs, at a pace a person can follow "
+            "(0: any free port; needs envq[web])"
+        ),
+    )
     view = demo.add_mutually_exclusive_group()
     view.add_argument(
         "--live",
@@ -220,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo" and args.postgres:
         from envq.postgres.demo import run_pg_demo  # noqa: PLC0415 - needs asyncpg
 
-        return run_pg_demo(args.dsn)
+        return run_pg_demo(args.dsn, web=args.web)
     if args.command == "demo":
         return run_demo(
             DemoOptions(

@@ -6,6 +6,12 @@ on one queue, sends envelopes (some fail once and are retried by their policy),
 kills one node with SIGKILL while it runs attempts, and shows the others reap its
 expired leases and finish everything. It ends by stopping the queue (DRAIN) and
 accounting for every envelope: exit status 0 when none is lost.
+
+With ``--web PORT`` it also serves the dashboard of its database (``python -m envq
+web``, read-only) and prints its address, records the queue's moves (its journal, so
+that an envelope's page shows them), paces the work so that a person can follow it
+(each unit of work takes 0.3 s instead of 0.05), and at the end waits for Enter before
+it stops the server.
 """
 
 from __future__ import annotations
@@ -32,13 +38,13 @@ LEASE = 2.0
 
 
 async def work(env: envq.Envelope) -> None:
-    """A unit of work: a short wait."""
-    await asyncio.sleep(0.05)
+    """A unit of work: a short wait (the payload's ``pace``, 0.05 s by default)."""
+    await asyncio.sleep(float(env.payload.get("pace", 0.05)))
 
 
 async def flaky(env: envq.Envelope) -> None:
     """Fails one attempt in two (the envelope's retry policy decides what follows)."""
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(float(env.payload.get("pace", 0.05)))
     if random.random() < 0.5:
         raise RuntimeError("flaky: this attempt fails")
 
@@ -84,7 +90,40 @@ def _node(dsn: str, name: str, workers: int) -> subprocess.Popen[str]:
     )
 
 
-async def _demo(dsn: str, nodes: int, count: int) -> int:
+@contextlib.contextmanager
+def _dashboard(dsn: str, port: int | None) -> Iterator[subprocess.Popen[str] | None]:
+    """``python -m envq web`` on the demo's database while the demo runs (None: no
+    ``--web``); its address is said once it listens."""
+    if port is None:
+        yield None
+        return
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envq", "web", "--port", str(port)],
+        env=dict(os.environ, ENVQ_DSN=dsn),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if not line.startswith("envq web: "):
+            _say(f"the dashboard did not start (status {proc.wait()})")
+        else:
+            _say(f"dashboard: {line.removeprefix('envq web: ')} - open it to watch the queue")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+async def _demo(dsn: str, nodes: int, count: int, web: int | None = None) -> int:
     queue = PgQueue(dsn, QUEUE, workers=0, node="demo-producer", poll=0.2)
     await queue.install()
     async with queue:
@@ -96,6 +135,11 @@ async def _demo(dsn: str, nodes: int, count: int) -> int:
                 await conn.execute("DELETE FROM envq.envelopes WHERE queue = $1", QUEUE)
                 await conn.execute("DELETE FROM envq.queues WHERE name = $1", QUEUE)
                 await conn.execute("INSERT INTO envq.queues (name) VALUES ($1)", QUEUE)
+        if web is not None:  # an envelope's page shows its moves
+            await queue._db().execute(
+                "UPDATE envq.queues SET journal = true WHERE name = $1", QUEUE
+            )
+        pace = {"pace": 0.3} if web is not None else {}
         procs = {f"node-{i + 1}": _node(dsn, f"node-{i + 1}", 4) for i in range(nodes)}
         try:
             for name, proc in procs.items():
@@ -105,7 +149,10 @@ async def _demo(dsn: str, nodes: int, count: int) -> int:
             policy = envq.Retry(attempts=10, base=0.1, cap=0.5, jitter=False)
             envelopes = [
                 envq.Envelope(
-                    invoke=flaky if i % 10 == 0 else work, id=i, payload={"n": i}, retry=policy
+                    invoke=flaky if i % 10 == 0 else work,
+                    id=i,
+                    payload={"n": i, **pace},
+                    retry=policy,
                 )
                 for i in range(count)
             ]
@@ -173,11 +220,19 @@ async def _held_by(queue: PgQueue, node: str) -> int:
     )
 
 
-def run_pg_demo(dsn: str | None = None, nodes: int = 3, count: int = 400) -> int:
-    """Run the demo; its exit status (0: nothing lost)."""
+def run_pg_demo(
+    dsn: str | None = None, nodes: int = 3, count: int = 400, *, web: int | None = None
+) -> int:
+    """Run the demo; its exit status (0: nothing lost). ``web``: serve the dashboard on
+    this port (0: any free one) while it runs, and wait for Enter at the end."""
     dsn = dsn or os.environ.get("ENVQ_DSN")
     try:
-        with _database(dsn) as where:
-            return asyncio.run(_demo(where, nodes, count))
+        with _database(dsn) as where, _dashboard(where, web) as board:
+            status = asyncio.run(_demo(where, nodes, count, web))
+            if board is not None and board.poll() is None:
+                _say("press Enter to stop the dashboard and the demo's server")
+                with contextlib.suppress(EOFError):
+                    input()
+            return status
     except KeyboardInterrupt:
         return 130

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -34,4 +36,49 @@ def test_the_demo_loses_nothing_when_a_node_is_killed(pg_dsn: str) -> None:
     )
     assert reaped >= 1, out
     # The password of a DSN never shows.
+    assert pg_dsn not in out
+
+
+def test_the_demo_serves_its_dashboard_while_it_runs(pg_dsn: str) -> None:
+    """``--web 0``: the dashboard of the demo's database answers while the demo runs,
+    showing its queue, and the demo still loses nothing (stdin closed: no wait)."""
+    pytest.importorskip("asyncpg")
+    pytest.importorskip("starlette")
+    env = dict(os.environ)
+    env.pop("ENVQ_DSN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envq", "demo", "--postgres", "--dsn", pg_dsn, "--web", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        url = None
+        page = ""
+        for line in proc.stdout:
+            lines.append(line)
+            found = re.search(r"dashboard: (http://\S+/)", line)
+            if found:
+                url = found.group(1)
+            if "sent 400 envelopes" in line:
+                assert url is not None, "".join(lines)
+                with urllib.request.urlopen(url, timeout=30) as answer:
+                    page = answer.read().decode()
+                break
+        for line in proc.stdout:
+            lines.append(line)
+        assert proc.wait(120) == 0, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    out = "".join(lines)
+    assert "envq-demo" in page, page[:2000]
+    assert ", 0 lost" in out
     assert pg_dsn not in out

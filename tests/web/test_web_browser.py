@@ -90,6 +90,8 @@ async def every_state(dsn: str) -> PgQueue:
         await conn.close()
     main = PgQueue(dsn, "main", workers=2, poll=0.1, node="web-node")
     await main.connect()
+    # The journal on: an envelope's page then shows its moves, each with its table row.
+    await main._db().execute("UPDATE envq.queues SET journal = true WHERE name = 'main'")
     await main.start()
     await main.send(
         *(envq.Envelope(invoke=ws.quick, id=f"ok{i}", type="mail") for i in range(3)),
