@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
-from typing import NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
 from envq.postgres._server import ServerUnavailable, ThrowawayServer
+
+if TYPE_CHECKING:
+    from fault_support import Cluster
 
 #: The database the schema is applied to once per session.
 SCHEMA_DB = "envq_schema"
@@ -55,3 +59,25 @@ def pg_dsn(pg_server: ThrowawayServer) -> str:
 
     asyncio.run(create_database(pg_server, SCHEMA_DB))
     return pg_server.dsn(SCHEMA_DB)
+
+
+@pytest.fixture
+def fault_dsn(pg_server: ThrowawayServer) -> str:
+    """A database of this test's own, with the history tables of the fault tests
+    (``fault_support``)."""
+    from fault_support import create_fault_database  # noqa: PLC0415 - needs asyncpg
+
+    return asyncio.run(create_fault_database(pg_server))
+
+
+@pytest.fixture
+def cluster(fault_dsn: str, tmp_path: Path) -> Iterator[Cluster]:
+    """The test's node processes (``python -m envq.postgres.node``); all killed at
+    the end."""
+    from fault_support import Cluster  # noqa: PLC0415
+
+    nodes = Cluster(fault_dsn, tmp_path)
+    try:
+        yield nodes
+    finally:
+        nodes.close()

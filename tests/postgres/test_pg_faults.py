@@ -18,9 +18,8 @@ import asyncio
 import random
 import re
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -41,26 +40,6 @@ RETRY = envq.Retry(attempts=3, base=0.1, jitter=False)
 #: For the scenarios where every envelope must succeed in the end, however often its
 #: attempts are cut short.
 PATIENT = envq.Retry(attempts=-1, base=0.05, cap=0.5, jitter=False)
-
-
-@pytest.fixture
-def fault_dsn(pg_server: ThrowawayServer) -> str:
-    """A database of this test's own, with the history tables."""
-    from fault_support import create_fault_database  # noqa: PLC0415 - needs asyncpg
-
-    return asyncio.run(create_fault_database(pg_server))
-
-
-@pytest.fixture
-def cluster(fault_dsn: str, tmp_path: Path) -> Iterator[Cluster]:
-    """The test's node processes; all killed at the end."""
-    from fault_support import Cluster  # noqa: PLC0415
-
-    nodes = Cluster(fault_dsn, tmp_path)
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 @asynccontextmanager

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,24 +30,6 @@ pytestmark = pytest.mark.real_clock
 
 LEASE = 1.0
 POLL = 0.2
-
-
-@pytest.fixture
-def fault_dsn(pg_server: ThrowawayServer) -> str:
-    from fault_support import create_fault_database  # noqa: PLC0415 - needs asyncpg
-
-    return asyncio.run(create_fault_database(pg_server))
-
-
-@pytest.fixture
-def cluster(fault_dsn: str, tmp_path: Path) -> Iterator[Cluster]:
-    from fault_support import Cluster  # noqa: PLC0415
-
-    nodes = Cluster(fault_dsn, tmp_path)
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 @asynccontextmanager

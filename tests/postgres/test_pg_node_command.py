@@ -10,13 +10,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-
-from envq.postgres._server import ThrowawayServer
 
 if TYPE_CHECKING:
     from fault_support import Cluster
@@ -24,26 +20,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.real_clock
 
 pytest.importorskip("prometheus_client")
-
-
-@pytest.fixture
-def fault_dsn(pg_server: ThrowawayServer) -> str:
-    """A database of this test's own, with the history tables of the fault jobs."""
-    from fault_support import create_fault_database  # noqa: PLC0415 - needs asyncpg
-
-    return asyncio.run(create_fault_database(pg_server))
-
-
-@pytest.fixture
-def cluster(fault_dsn: str, tmp_path: Path) -> Iterator[Cluster]:
-    """The test's node processes; all killed at the end."""
-    from fault_support import Cluster  # noqa: PLC0415
-
-    nodes = Cluster(fault_dsn, tmp_path)
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 def _scrape(url: str) -> str:

@@ -80,14 +80,6 @@ def bouncer(pg_server: ThrowawayServer, pgbouncer: str) -> Iterator[Bouncer]:
         found.stop()
 
 
-@pytest.fixture
-def fault_dsn(pg_server: ThrowawayServer) -> str:
-    """A database of this test's own, with the history tables (direct DSN)."""
-    from fault_support import create_fault_database  # noqa: PLC0415 - needs asyncpg
-
-    return asyncio.run(create_fault_database(pg_server))
-
-
 def _through(bouncer: Bouncer, direct: str) -> str:
     """The DSN of the database ``direct`` names, through ``bouncer``."""
     return bouncer.dsn(urllib.parse.unquote(urllib.parse.urlsplit(direct).path.lstrip("/")))
