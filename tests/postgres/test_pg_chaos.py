@@ -14,7 +14,7 @@ import pytest
 
 from envq.postgres._server import ServerUnavailable, ThrowawayServer
 
-pytestmark = pytest.mark.real_clock
+pytestmark = [pytest.mark.real_clock, pytest.mark.one_python]
 
 pytest.importorskip("asyncpg")
 

@@ -136,6 +136,7 @@ def _mutant(state: EnvState, event: object, situation: Situation) -> EnvState | 
 
 
 @pytest.mark.real_clock
+@pytest.mark.one_python
 async def test_a_schema_from_changed_tables_disagrees(pg_server: object) -> None:
     """The comparison can fail: a schema compiled from tables with one changed row
     disagrees with the tables exactly where the row applies."""
@@ -296,6 +297,7 @@ async def _trigger_disagreements(
 
 
 @pytest.mark.real_clock
+@pytest.mark.one_python
 async def test_the_trigger_accepts_exactly_the_tables_target(pg_dsn: str) -> None:
     """Every (state, event, situation), every candidate state: the INSERT (from NEW)
     or UPDATE is accepted for the tables' target and refused for every other."""

@@ -13,6 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+#: The benchmark script's output, not the queue's behaviour on this CPython.
+pytestmark = pytest.mark.one_python
+
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: The envq one-off shapes, each a case paired with the floor and a target.

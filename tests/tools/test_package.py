@@ -22,6 +22,9 @@ import pytest
 
 import envq
 
+#: The package as it is built and shipped, the same whatever CPython builds it.
+pytestmark = pytest.mark.one_python
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
