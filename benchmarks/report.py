@@ -1,5 +1,5 @@
 """Writing the results: ``benchmarks.md`` (tables, targets, machine) and
-``benchmarks.png`` (matplotlib, Agg backend)."""
+its charts, one per question (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -296,7 +296,8 @@ def targets(res: Results) -> list[Target]:
 # --------------------------------------------------------------------------------------
 
 
-def markdown(res: Results, png_name: str | None) -> str:
+def markdown(res: Results, charts: Sequence[str] = ()) -> str:
+    """The report; ``charts``: the files of :data:`CHARTS` that were drawn."""
     cfg = res.cfg
     v = res.versions
     lines = [
@@ -319,8 +320,7 @@ def markdown(res: Results, png_name: str | None) -> str:
         "min–max ranges show how much.",
         "",
     ]
-    if png_name:
-        lines += [f"![envq benchmarks]({png_name})", ""]
+    lines += _glance(res, charts)
     lines += ["## Targets", ""]
     rows = [[t.name, t.measured, _verdict(t.ok), t.detail] for t in targets(res)]
     lines += _table(["target", "measured (median)", "verdict", "detail"], rows, "lrcl")
@@ -330,6 +330,105 @@ def markdown(res: Results, png_name: str | None) -> str:
     if res.notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in res.notes] + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _ratio(case: Case | None, base: Case | None, metric: str) -> float | None:
+    if case is None or base is None:
+        return None
+    ratios = paired(case, base, metric)
+    return median(ratios) if ratios else None
+
+
+def _med(case: Case | None, metric: str) -> float | None:
+    return median(case.values(metric)) if case is not None and case.values(metric) else None
+
+
+def summary(res: Results) -> list[tuple[str, str]]:
+    """One sentence per question of :data:`CHARTS`, from the measured medians:
+    (chart file, sentence)."""
+    out: list[tuple[str, str]] = []
+    floor = res.get("floor")
+    envq = res.get("envq")
+    rate, ratio = _med(envq, "rate"), _ratio(floor, envq, "seconds")
+    if rate is not None and ratio is not None:
+        peers = [
+            (c.label, r)
+            for key in ("aiojobs", "apscheduler", "taskgroup", "threads")
+            if (c := res.get(key)) is not None and (r := _ratio(floor, c, "seconds")) is not None
+        ]
+        best = max(peers, key=lambda t: t[1], default=None)
+        text = (
+            f"envq runs {rate:,.0f} no-op one-off envelopes per second, "
+            f"{ratio:.2f}× the bare `asyncio.Queue` floor (goal {TARGET_RATIO:g}×)"
+        )
+        if best is not None:
+            text += f"; the fastest peer measured, {best[0]}, runs at {best[1]:.2f}×"
+        out.append(("benchmarks-throughput.png", text + "."))
+    lat, lat_floor = res.get("lat_envq"), res.get("lat_floor")
+    p50, p99, f50 = _med(lat, "p50"), _med(lat, "p99"), _med(lat_floor, "p50")
+    if p50 is not None and p99 is not None:
+        text = (
+            f"An idle queue starts a sent envelope's work in {p50:.0f} µs (p50; p99 {p99:.0f} µs)"
+        )
+        if f50 is not None:
+            text += f"; the floor takes {f50:.0f} µs"
+        out.append(("benchmarks-latency.png", text + "."))
+    raw, per = res.get("raw_aligned"), res.get("envq_aligned")
+    r99, rcpu = _ratio(per, raw, "p99"), _ratio(per, raw, "cpu")
+    if r99 is not None and rcpu is not None:
+        out.append(
+            (
+                "benchmarks-periodic.png",
+                f"Periodic FIXED_RATE envelopes run {_med(per, 'p99'):.1f} ms late at p99, "
+                f"{r99:.2f}× a raw `loop.call_at` schedule (goal ≤ {TARGET_P99:g}×), for "
+                f"{rcpu:.2f}× its CPU (goal ≤ {TARGET_CPU:g}×).",
+            )
+        )
+    ready = next((m for m in res.memory if m.key == "envq_ready"), None)
+    if ready is not None:
+        out.append(
+            (
+                "benchmarks-memory.png",
+                f"A queued envelope costs the queue {ready.held:.0f} B (goal ≤ "
+                f"{TARGET_BYTES:.0f} B), beside the {ready.item:.0f} B of the envelope itself.",
+            )
+        )
+    xs, ys = _series(res, "envq", "rate")
+    sends = _series(res, "send", "us")[1]
+    if len(xs) >= 2 and sends:
+        dev = max(abs(y / ys[0] - 1) for y in ys)
+        out.append(
+            (
+                "benchmarks-scaling.png",
+                f"From {xs[0]:,} to {xs[-1]:,} queued envelopes, throughput moves by at "
+                f"most {dev:.0%} (goal ±{TARGET_FLAT:.0%}) and a send costs "
+                f"{min(sends):.2f}–{max(sends):.2f} µs (goal ≤ {TARGET_SEND_US:g} µs).",
+            )
+        )
+    return out
+
+
+def _glance(res: Results, charts: Sequence[str]) -> list[str]:
+    """The report's opening: per question, one sentence and its chart; then how many
+    targets are met and where the PostgreSQL store's figures are."""
+    said = dict(summary(res))
+    lines = ["## At a glance", ""]
+    for name, question in CHARTS:
+        if name not in said and name not in charts:
+            continue
+        lines += [f"**{question}** {said.get(name, 'Not measured in this run.')}", ""]
+        if name in charts:
+            lines += [f"![{question}]({name})", ""]
+    measured = [t for t in targets(res) if t.ok is not None]
+    met = sum(1 for t in measured if t.ok)
+    lines += [
+        f"**Targets:** {met} of {len(measured)} met (the table below; red bars are envq, "
+        "grey the floor, blue the peers, whiskers the min–max over the repetitions). "
+        "envq.postgres against pgqueuer, procrastinate and a minimal durable queue: "
+        "[PostgreSQL](#postgresql).",
+        "",
+    ]
+    return lines
 
 
 def _case_rows(
@@ -770,141 +869,120 @@ def _against_n(a: Any, has_data: bool, ylabel: str, legend_size: int) -> None:
     a.grid(alpha=0.3)
 
 
-def plot(res: Results, path: Path) -> None:
-    import matplotlib  # noqa: PLC0415 - the optional extra, on demand
+#: The charts at the top of the report, one per question: (file name, question).
+CHARTS = (
+    ("benchmarks-throughput.png", "How fast does envq run one-off work?"),
+    ("benchmarks-latency.png", "How long from send to the start of the work, when idle?"),
+    ("benchmarks-periodic.png", "How punctual and how cheap are periodic envelopes?"),
+    ("benchmarks-memory.png", "How much memory does a queued envelope cost?"),
+    ("benchmarks-scaling.png", "Does it slow down as the backlog grows?"),
+)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415 - the optional extra, on demand
+_ENVQ, _FLOOR, _PEER = "#d62728", "#7f7f7f", "#1f77b4"
 
-    fig, axes = plt.subplots(2, 4, figsize=(22, 10))
-    fig.suptitle(
-        f"envq benchmarks ({res.cfg.mode}, {res.cfg.reps} reps, medians with min–max; "
-        f"load {res.load_start} → {res.load_end})",
-        fontsize=12,
-    )
-    ax = axes.flat
 
-    def bars(
-        a: object,
-        keys: Sequence[str],
-        metric: str,
-        title: str,
-        xlabel: str,
-        scale: float = 1.0,
-        log: bool = False,
-    ) -> None:
-        from matplotlib.axes import Axes  # noqa: PLC0415 - the optional extra, on demand
+def _bars(
+    res: Results,
+    a: Any,
+    keys: Sequence[str],
+    metric: str,
+    title: str,
+    xlabel: str,
+    log: bool = False,
+) -> None:
+    """Horizontal bars of ``metric``'s median per case, min–max as error bars; envq red,
+    the floor grey, the peers blue."""
+    labels, meds, lo, hi, colors = [], [], [], [], []
+    for key in keys:
+        case = res.get(key)
+        if case is None or not case.values(metric):
+            continue
+        xs = case.values(metric)
+        m = median(xs)
+        labels.append(case.label)
+        meds.append(m)
+        lo.append(m - min(xs))
+        hi.append(max(xs) - m)
+        floorish = "floor" in key or "raw" in key
+        colors.append(_ENVQ if "envq" in key else (_FLOOR if floorish else _PEER))
+    a.set_title(title, fontsize=11)
+    if not labels:
+        _empty(a)
+        return
+    y = list(range(len(labels)))
+    a.barh(y, meds, xerr=[lo, hi], color=colors, capsize=3)
+    a.set_yticks(y, labels, fontsize=9)
+    a.invert_yaxis()
+    a.set_xlabel(xlabel, fontsize=9)
+    if log and min(meds) > 0:
+        a.set_xscale("log")
+    elif max(meds) >= 10_000:
+        a.xaxis.set_major_formatter(lambda v, _pos: f"{v / 1000:,.0f}k")
+    a.grid(axis="x", alpha=0.3)
 
-        assert isinstance(a, Axes)
-        labels, meds, lo, hi, colors = [], [], [], [], []
-        for key in keys:
-            case = res.get(key)
-            if case is None or not case.values(metric):
-                continue
-            xs = [x * scale for x in case.values(metric)]
-            m = median(xs)
-            labels.append(case.label)
-            meds.append(m)
-            lo.append(m - min(xs))
-            hi.append(max(xs) - m)
-            colors.append(
-                "#d62728"
-                if "envq" in key
-                else ("#7f7f7f" if "floor" in key or "raw" in key else "#1f77b4")
-            )
-        a.set_title(title, fontsize=10)
-        if not labels:
-            _empty(a)
-            return
-        y = list(range(len(labels)))
-        a.barh(y, meds, xerr=[lo, hi], color=colors, capsize=3)
-        a.set_yticks(y, labels, fontsize=8)
-        a.invert_yaxis()
-        a.set_xlabel(xlabel, fontsize=9)
-        if log and min(meds) > 0:
-            a.set_xscale("log")
-        a.grid(axis="x", alpha=0.3)
 
-    bars(
-        ax[0],
-        [
-            "floor",
-            "envq",
-            "envq1",
-            "envq_deadline",
-            "envq_hooks",
-            "aiojobs",
-            "apscheduler",
-            "taskgroup",
-            "threads",
-            "uv_floor",
-            "uv_envq",
-        ],
-        "rate",
-        "1. One-off throughput",
-        "items/s (higher is better)",
-    )
-    bars(
-        ax[1],
-        ["lat_floor", "lat_envq", "lat_aiojobs", "lat_task"],
-        "p99",
-        "2. Idle latency p99",
-        "µs (log; lower is better)",
-        log=True,
-    )
-    per = [
+def _series(res: Results, kind: str, metric: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for n in res.cfg.sizes:
+        case = res.get(f"sc_{kind}_{n}")
+        if case is not None and case.values(metric):
+            xs.append(n)
+            ys.append(median(case.values(metric)))
+    return xs, ys
+
+
+def _draw_throughput(res: Results, fig: Any) -> None:
+    peers = ["aiojobs", "apscheduler", "taskgroup", "threads"]
+    keys = ["floor", *(shape.key for shape in SHAPES), *peers]
+    _bars(res, fig.subplots(), keys, "rate", "One-off throughput", "items/s (higher is better)")
+
+
+def _draw_latency(res: Results, fig: Any) -> None:
+    left, right = fig.subplots(1, 2)
+    keys = ["lat_floor", "lat_envq", "lat_aiojobs", "lat_task"]
+    _bars(res, left, keys, "p50", "median (p50)", "µs (lower is better)")
+    _bars(res, right, keys, "p99", "p99", "µs (lower is better)")
+
+
+def _draw_periodic(res: Results, fig: Any) -> None:
+    left, right = fig.subplots(1, 2)
+    keys = [
         "raw_aligned",
         "envq_aligned",
         "aps_aligned",
         "envq_delay_aligned",
-        "uv_raw_aligned",
-        "uv_envq_aligned",
         "raw_staggered",
         "envq_staggered",
         "aps_staggered",
     ]
-    bars(ax[2], per, "p99", "3. Periodic lateness p99", "ms (log; lower is better)", log=True)
-    bars(ax[3], per, "cpu", "3. Periodic CPU", "CPU s per s (lower is better)")
+    _bars(res, left, keys, "p99", "lateness p99", "ms (log; lower is better)", log=True)
+    _bars(res, right, keys, "cpu", "CPU", "CPU s per s (lower is better)")
 
-    a = ax[4]
+
+def _draw_memory(res: Results, fig: Any) -> None:
+    a = fig.subplots()
     mem = [m for m in res.memory if m.key != "envelope"]
+    a.set_title("Memory per queued item", fontsize=11)
     if not mem:
         _empty(a)
+        return
     y = list(range(len(mem)))
-    a.barh(y, [m.held for m in mem], color="#d62728", label="held by queue/scheduler")
-    a.barh(
-        y,
-        [m.item for m in mem],
-        left=[m.held for m in mem],
-        color="#ff9896",
-        label="the user's item",
-    )
-    a.axvline(TARGET_BYTES, color="k", ls="--", lw=1, label=f"target {TARGET_BYTES:.0f} B")
-    a.set_yticks(y, [m.label for m in mem], fontsize=8)
+    a.barh(y, [m.held for m in mem], color=_ENVQ, label="held by the queue or scheduler")
+    a.barh(y, [m.item for m in mem], left=[m.held for m in mem], color="#ff9896", label="the item")
+    a.axvline(TARGET_BYTES, color="k", ls="--", lw=1, label=f"goal {TARGET_BYTES:.0f} B held")
+    a.set_yticks(y, [m.label for m in mem], fontsize=9)
     a.invert_yaxis()
-    a.set_title("4. Memory per queued item", fontsize=10)
-    a.set_xlabel("bytes (lower is better)", fontsize=9)
-    a.legend(fontsize=7)
+    a.set_xlabel("bytes per item (lower is better)", fontsize=9)
+    a.legend(fontsize=8)
 
-    sizes = list(res.cfg.sizes)
 
-    def series(kind: str, metric: str) -> tuple[list[int], list[float]]:
-        xs, ys = [], []
-        for n in sizes:
-            case = res.get(f"sc_{kind}_{n}")
-            if case is not None and case.values(metric):
-                xs.append(n)
-                ys.append(median(case.values(metric)))
-        return xs, ys
-
-    a = ax[5]
-    a.set_title("5. Throughput vs queued", fontsize=10)
-    for kind, label, color in (("floor", "floor", "#7f7f7f"), ("envq", "envq", "#d62728")):
-        xs, ys = series(kind, "rate")
-        a.plot(xs, ys, "o-", label=label, color=color)
-    _against_n(a, bool(series("envq", "rate")[0]), "items/s", 8)
-
-    a = ax[6]
+def _draw_scaling(res: Results, fig: Any) -> None:
+    left, right = fig.subplots(1, 2)
+    left.set_title("Throughput vs queued", fontsize=11)
+    for kind, label, color in (("floor", "floor", _FLOOR), ("envq", "envq", _ENVQ)):
+        xs, ys = _series(res, kind, "rate")
+        left.plot(xs, ys, "o-", label=label, color=color)
+    _against_n(left, bool(_series(res, "envq", "rate")[0]), "items/s", 8)
     for kind, metric, label, style in (
         ("send", "us", "envq send (READY)", "o-"),
         ("timers", "send_us", "envq send (DELAYED)", "s-"),
@@ -912,23 +990,41 @@ def plot(res: Results, path: Path) -> None:
         ("timers", "cancel_us", "envq terminate per env", "^-"),
         ("rawtimers", "cancel_us", "raw cancel per handle", "^--"),
     ):
-        xs, ys = series(kind, metric)
-        a.plot(xs, ys, style, label=label)
-    a.axhline(TARGET_SEND_US, color="k", ls=":", lw=1, label="send target 1 µs")
-    a.set_title("5. Cost per envelope vs queued", fontsize=10)
-    has_data = bool(series("send", "us")[0] or series("timers", "send_us")[0])
-    _against_n(a, has_data, "µs", 7)
+        xs, ys = _series(res, kind, metric)
+        right.plot(xs, ys, style, label=label)
+    right.axhline(TARGET_SEND_US, color="k", ls=":", lw=1, label="send goal 1 µs")
+    right.set_title("Cost per envelope vs queued", fontsize=11)
+    has_data = bool(_series(res, "send", "us")[0] or _series(res, "timers", "send_us")[0])
+    _against_n(right, has_data, "µs", 8)
+    left.yaxis.set_major_formatter(lambda v, _pos: f"{v / 1000:,.0f}k")
+    for a in (left, right):
+        a.set_xticks(res.cfg.sizes, [f"{n:,}" for n in res.cfg.sizes], minor=False)
+        a.xaxis.set_minor_formatter(lambda _v, _pos: "")
 
-    a = ax[7]
-    targets_ = targets(res)
-    text = "\n".join(
-        f"{'PASS' if t.ok else ('n/a ' if t.ok is None else 'MISS')}  {t.name}: {t.measured}"
-        for t in targets_
-    )
-    a.axis("off")
-    a.set_title("Targets", fontsize=10)
-    a.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=8, wrap=True)
 
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+_DRAW: dict[str, Callable[[Results, Any], None]] = {
+    "benchmarks-throughput.png": _draw_throughput,
+    "benchmarks-latency.png": _draw_latency,
+    "benchmarks-periodic.png": _draw_periodic,
+    "benchmarks-memory.png": _draw_memory,
+    "benchmarks-scaling.png": _draw_scaling,
+}
+
+
+def plot(res: Results, out_dir: Path) -> list[str]:
+    """Draw :data:`CHARTS` into ``out_dir`` (matplotlib, Agg); the files written."""
+    import matplotlib  # noqa: PLC0415 - the optional extra, on demand
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - the optional extra, on demand
+
+    written = []
+    for name, question in CHARTS:
+        wide = name not in {"benchmarks-throughput.png", "benchmarks-memory.png"}
+        fig = plt.figure(figsize=(11 if wide else 8, 4.2), layout="constrained")
+        fig.suptitle(question, fontsize=12, fontweight="bold")
+        _DRAW[name](res, fig)
+        fig.savefig(out_dir / name, dpi=80)
+        plt.close(fig)
+        written.append(name)
+    return written

@@ -1,4 +1,4 @@
-"""Run envq's benchmark suite and write ``benchmarks.md`` + ``benchmarks.png``.
+"""Run envq's benchmark suite and write ``benchmarks.md`` and its charts.
 
 From the project root::
 
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="envq against a bare-asyncio floor and its peers; writes "
-        "benchmarks.md and benchmarks.png.",
+        "benchmarks.md and its charts (benchmarks-*.png).",
     )
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes, 3 reps (~2 min)")
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="DIR",
         type=Path,
         default=ROOT / "docs",
-        help="where to write benchmarks.md and benchmarks.png (default: docs/)",
+        help="where to write benchmarks.md and its charts (default: docs/)",
     )
     ap.add_argument("--reps", type=int, default=None, help="override the repetitions")
     ap.add_argument("--no-plot", action="store_true", help="do not write the PNG")
@@ -253,18 +253,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def write(
     res: report.Results, out_dir: Path, *, plot: bool, postgres_section: str | None = None
 ) -> None:
-    """``benchmarks.md`` and (with matplotlib) ``benchmarks.png`` into ``out_dir``; the
+    """``benchmarks.md`` and (with matplotlib) its charts into ``out_dir``; the
     PostgreSQL section is ``postgres_section``, or else the one of the file replaced."""
-    png: str | None = None
+    charts: list[str] = []
     if plot:
         if have("matplotlib"):
-            report.plot(res, out_dir / "benchmarks.png")
-            png = "benchmarks.png"
-        elif "matplotlib is not installed: no benchmarks.png." not in res.notes:
-            res.notes.append("matplotlib is not installed: no benchmarks.png.")
+            charts = report.plot(res, out_dir)
+        elif "matplotlib is not installed: no charts." not in res.notes:
+            res.notes.append("matplotlib is not installed: no charts.")
     target = out_dir / "benchmarks.md"
     old = target.read_text(encoding="utf-8") if target.exists() else None
-    text = postgres.splice(report.markdown(res, png), postgres_section, old)
+    text = postgres.splice(report.markdown(res, charts), postgres_section, old)
     target.write_text(text, encoding="utf-8")
 
 

@@ -44,8 +44,7 @@ ERROR = json.dumps(
         "type": "builtins.RuntimeError",
         "message": "the mail server said no",
         "traceback": "Traceback (most recent call last):\n"
-        + '  File "/srv/app/jobs.py", line 42, in send_mail\n    raise RuntimeError(...)\n'
-        * 12
+        + '  File "/srv/app/jobs.py", line 42, in send_mail\n    raise RuntimeError(...)\n' * 12
         + "RuntimeError: the mail server said no\n",
     }
 )
