@@ -3,13 +3,15 @@
 ``envq.web.app(queue)`` serves one in-process :class:`envq.Queue` or one
 :class:`envq.postgres.PgQueue`; ``envq.web.app(dsn=...)`` (and ``python -m envq web``)
 every queue of a PostgreSQL database. Mount it in a FastAPI or Starlette app, whose
-authentication then guards it; it is read-only unless given an action ``token``.
+authentication then guards it; it is read-only unless given an action ``token``, or
+an ``authorize`` callable through which the host's authentication decides who acts.
 See ``docs/web.md``. Needs the ``envq[web]`` extra (Starlette, Jinja2; uvicorn for
 the command line).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from envq import _checks
@@ -20,6 +22,7 @@ from envq.web._source import Source
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
+    from starlette.requests import Request
 
     from envq.postgres import PgQueue
 
@@ -34,6 +37,7 @@ def app(
     *,
     dsn: str | None = None,
     token: str | None = None,
+    authorize: Callable[[Request], bool] | None = None,
     poll: float = 2.0,
 ) -> Starlette:
     """The dashboard, as an ASGI (Starlette) app.
@@ -46,9 +50,16 @@ def app(
     :param token: the action token: without it the pages are read-only; with it, a
         browser that unlocks the actions with this token may stop and start queues
         (at least 16 characters; keep it out of command lines and logs).
+    :param authorize: instead of a token, the host application's own authentication:
+        called with each request (a Starlette :class:`~starlette.requests.Request`, on
+        which the host's middleware has set ``request.user`` or ``request.scope``),
+        ``True`` lets that request act (no unlocking); anything else, or an exception,
+        leaves it read-only. Actions still need the page's CSRF token.
     :param poll: seconds between two reads of the live counts by an open page.
-    :raises TypeError: ``queue`` is neither, or ``token`` not a str.
-    :raises ValueError: both or neither of ``queue`` and ``dsn``; a short token.
+    :raises TypeError: ``queue`` is neither, ``token`` not a str, ``authorize`` not
+        callable.
+    :raises ValueError: both or neither of ``queue`` and ``dsn``; a short token; both
+        ``token`` and ``authorize``.
     """
     if (queue is None) == (dsn is None):
         raise ValueError("envq.web.app(): give a queue or a dsn (exactly one)")
@@ -57,6 +68,14 @@ def app(
             raise TypeError(f"envq.web.app(): token must be a str, not {type(token).__name__}")
         if len(token) < MIN_TOKEN:
             raise ValueError(f"envq.web.app(): the token must have at least {MIN_TOKEN} characters")
+    if authorize is not None:
+        if not callable(authorize):
+            raise TypeError(
+                "envq.web.app(): authorize must be callable (request -> bool), "
+                f"not {type(authorize).__name__}"
+            )
+        if token is not None:
+            raise ValueError("envq.web.app(): give a token or authorize, not both")
     poll = _checks.seconds("envq.web.app() poll", poll, positive=True)
     source: Source
     single: str | None
@@ -78,7 +97,7 @@ def app(
 
         assert dsn is not None
         source, single = PgSource(check_dsn("envq.web.app()", dsn)), None
-    return build(source, token=token, poll=poll, single=single)
+    return build(source, token=token, poll=poll, single=single, authorize=authorize)
 
 
 async def aclose(web: Starlette) -> None:

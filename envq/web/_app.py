@@ -12,7 +12,8 @@ with a CSRF token (a random cookie and the same value in the form: a page of ano
 site cannot read the cookie to copy it; the cookie is ``SameSite=Strict`` too, and an
 ``Origin`` of another host is refused), and they are refused unless the app was given
 an action token and this browser unlocked them with it (a cookie holding an HMAC of
-the token, never the token). A page offers only the actions the tables allow in the
+the token, never the token), or was given ``authorize`` and it approves the request
+(the host application's own authentication decides; no token, no unlocking). A page offers only the actions the tables allow in the
 state it shows (:func:`envq.web._rows.operator_events`, :func:`~envq.web._rows.queue_calls`);
 the queue's own call decides.
 """
@@ -23,6 +24,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
+import logging
 import math
 import secrets
 import time
@@ -215,6 +217,12 @@ def _state(request: Request) -> EnvState | None:
     raise BadParameter(f"parameter 'state': {_shown(value)} is not an envelope state ({names})")
 
 
+log = logging.getLogger("envq.web")
+
+#: ``authorize``: given a request, whether it may act (the host application's auth).
+Authorize = Callable[[Request], bool]
+
+
 def _unlock_value(token: str) -> str:
     return hmac.new(token.encode(), b"envq.web unlock", hashlib.sha256).hexdigest()
 
@@ -222,9 +230,20 @@ def _unlock_value(token: str) -> str:
 class _Web:
     """The routes, over one source."""
 
-    def __init__(self, source: Source, *, token: str | None, poll: float, single: str | None):
+    def __init__(
+        self,
+        source: Source,
+        *,
+        token: str | None,
+        poll: float,
+        single: str | None,
+        authorize: Authorize | None = None,
+    ):
         self.source = source
         self.token = token
+        self.authorize = authorize
+        #: "token", "host" (``authorize``) or None (read-only).
+        self.guard = "host" if authorize is not None else ("token" if token else None)
         self.poll = poll
         self.single = single
         self.env = jinja2.Environment(
@@ -246,7 +265,15 @@ class _Web:
         return secrets.token_urlsafe(32), True
 
     def unlocked(self, request: Request) -> bool:
-        """Whether this browser unlocked the actions with the app's token."""
+        """Whether this request may act: ``authorize`` approves it, or its browser
+        unlocked the actions with the app's token."""
+        if self.authorize is not None:
+            try:
+                approved = self.authorize(request)
+            except Exception:
+                log.exception("envq.web: authorize() failed: the request may not act")
+                return False
+            return approved is True
         if self.token is None:
             return False
         return hmac.compare_digest(
@@ -268,7 +295,8 @@ class _Web:
             kind=self.source.kind,
             version=__version__,
             poll_ms=int(self.poll * 1000),
-            actions_on=self.token is not None,
+            actions_on=self.guard is not None,
+            guard=self.guard,
             unlocked=self.unlocked(request),
             queue_name=queue,
             single=self.single,
@@ -497,7 +525,7 @@ class _Web:
     ) -> Response:
         try:
             form = await self._form(request)
-            if self.token is None:
+            if self.guard is None:
                 raise _Forbidden("actions are off: this app was given no action token")
             return await act(form)
         except _Forbidden as error:
@@ -510,7 +538,8 @@ class _Web:
 
     async def unlock(self, request: Request) -> Response:
         async def act(form: dict[str, str]) -> Response:
-            assert self.token is not None
+            if self.token is None:
+                raise _Forbidden("this app's actions are allowed by its host application")
             given = form.get("token", "")
             if not hmac.compare_digest(given.encode(), self.token.encode()):
                 raise _Forbidden("that is not the action token")
@@ -537,7 +566,11 @@ class _Web:
     async def action(self, request: Request) -> Response:
         async def act(form: dict[str, str]) -> Response:
             if not self.unlocked(request):
-                raise _Forbidden("the actions are locked: unlock them with the action token")
+                raise _Forbidden(
+                    "the host application does not allow this request to act"
+                    if self.guard == "host"
+                    else "the actions are locked: unlock them with the action token"
+                )
             name = form.get("q", "") or (self.single or "")
             if not name or len(name) > MAX_TEXT:
                 raise BadParameter("field 'q' is required: the name of a queue")
@@ -628,9 +661,16 @@ def _link(request: Request, changes: Mapping[str, object]) -> str:
     return f"{path}?{urllib.parse.urlencode(params)}"
 
 
-def build(source: Source, *, token: str | None, poll: float, single: str | None) -> Starlette:
+def build(
+    source: Source,
+    *,
+    token: str | None,
+    poll: float,
+    single: str | None,
+    authorize: Authorize | None = None,
+) -> Starlette:
     """The Starlette app over ``source``."""
-    web = _Web(source, token=token, poll=poll, single=single)
+    web = _Web(source, token=token, poll=poll, single=single, authorize=authorize)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,7 +1,8 @@
 """The dashboard's actions and its guard rails, through HTTP: security headers on
 every answer, POST-only actions refused without the action token, without the CSRF
 token or from another site, and performed through the queue's own calls with them;
-the app mounted under a path in a host application."""
+the app mounted under a path in a host application; the host application's own
+authentication deciding instead of a token (``authorize``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ from envq import QueueState
 pytest.importorskip("starlette")
 
 from starlette.applications import Starlette
+from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
@@ -230,3 +235,91 @@ def test_app_refuses_bad_arguments() -> None:
         envq.web.app(q, token=1234567890123456789)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="PgQueue"):
         envq.web.app(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="authorize must be callable"):
+        envq.web.app(q, authorize="admins")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not both"):
+        envq.web.app(q, token=TOKEN, authorize=lambda request: True)
+
+
+class _HeaderAuth(AuthenticationBackend):
+    """The host application's authentication: a user named by a header (a stand-in for
+    its session cookie or bearer token), with the scope ``ops`` when the header says so."""
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, SimpleUser] | None:
+        name = conn.headers.get("x-user")
+        if not name:
+            return None
+        scopes = ["ops"] if conn.headers.get("x-ops") == "yes" else []
+        return AuthCredentials(scopes), SimpleUser(name)
+
+
+async def test_the_host_application_s_auth_decides_who_acts(make_queue: object) -> None:
+    """``authorize``: the host's authentication, not a token, decides; only the requests
+    it approves act (still with the CSRF token); the others see a read-only page."""
+    q: envq.Queue = make_queue(name="jobs")  # type: ignore[operator]
+    asked: list[str] = []
+
+    def ops_only(request: Request) -> bool:
+        asked.append(request.user.display_name if request.user.is_authenticated else "-")
+        return "ops" in request.auth.scopes
+
+    web = envq.web.app(q, authorize=ops_only)
+    host = Starlette(
+        routes=[Mount("/dash", app=web)],
+        middleware=[Middleware(AuthenticationMiddleware, backend=_HeaderAuth())],
+    )
+    transport = httpx.ASGITransport(app=host)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+            viewer = {"x-user": "val"}
+            page = (await c.get("/dash/queue", headers=viewer)).text
+            assert "read-only for you" in page
+            assert 'name="token"' not in page  # nothing to unlock
+            assert shown_calls(page) == set()
+            csrf = c.cookies[CSRF_COOKIE]
+            start = {"csrf": csrf, "q": "jobs", "action": "start"}
+            refused = await c.post("/dash/action", data=start, headers=viewer)
+            assert refused.status_code == 403
+            assert "does not allow this request" in html.unescape(refused.text)
+            anonymous = await c.post("/dash/action", data=start)
+            assert anonymous.status_code == 403
+            assert q.state is QueueState.INIT
+            ops = {"x-user": "olga", "x-ops": "yes"}
+            page = (await c.get("/dash/queue", headers=ops)).text
+            assert "actions allowed" in page
+            assert shown_calls(page) == {"start"}
+            forged = await c.post("/dash/action", data={**start, "csrf": "x" * 43}, headers=ops)
+            assert forged.status_code == 403
+            assert q.state is QueueState.INIT
+            started = await c.post("/dash/action", data=start, headers=ops)
+            assert started.status_code == 303
+            assert q.state is QueueState.RUNNING
+            no_token = await c.post(
+                "/dash/unlock", data={"csrf": csrf, "token": TOKEN}, headers=ops
+            )
+            assert no_token.status_code == 403
+            assert "host application" in html.unescape(no_token.text)
+    finally:
+        await envq.web.aclose(web)
+    assert {"val", "-", "olga"} <= set(asked)
+
+
+async def test_an_authorize_that_raises_leaves_the_request_read_only(
+    make_queue: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    q: envq.Queue = make_queue(name="jobs")  # type: ignore[operator]
+
+    def broken(request: Request) -> bool:
+        raise RuntimeError("the session store is down")
+
+    web = envq.web.app(q, authorize=broken)
+    transport = httpx.ASGITransport(app=web)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+            csrf = await csrf_of(c)
+            answer = await c.post("/action", data={"csrf": csrf, "q": "jobs", "action": "start"})
+            assert answer.status_code == 403
+    finally:
+        await envq.web.aclose(web)
+    assert q.state is QueueState.INIT
+    assert "authorize() failed" in caplog.text
