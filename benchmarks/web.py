@@ -1,4 +1,5 @@
-"""How fast the dashboard (``envq.web``) answers over a large PostgreSQL queue.
+"""How fast the dashboard (``envq.web``) answers over a large queue, on PostgreSQL or
+in process.
 
 A throwaway PostgreSQL server gets one queue of N envelopes (100,000 by default), its
 journal on, moved through the tables as a node would move them: most claimed and
@@ -9,16 +10,18 @@ to warm up and ``--reps`` times measured; the median and the slowest are printed
 
 The failed ones carry a last error with a traceback and a story of one attempt, as a
 node writes them. An envelope's page reads its moves from the journal through the
-index ``journal_queue (queue, n)``, newest first, so the older the envelope, the more
-of the queue's journal it walks; ``--journal-seq-index`` creates, in the throwaway
-database only, the index on ``envq.journal (seq, n)`` that would spare that walk, to
-compare (the schema does not have it).
+index ``journal_seq (queue, seq, n)``: the oldest envelope's page costs what the
+newest one's does.
+
+``--store memory``: an in-process :class:`envq.Queue` instead, holding N envelopes
+(DELAYED an hour, so that they stay), the app subscribed to it before the sends; the
+same pages, asked through the app on the queue's own loop.
 
 Run it from the project root::
 
     python -m benchmarks.web                 # N=100000 (about a minute to fill)
     python -m benchmarks.web --n 20000 --reps 3
-    python -m benchmarks.web --journal-seq-index
+    python -m benchmarks.web --store memory
 
 It is a program, not a test: it reports numbers and never fails on them (the target
 is under a second a page on a 2-core machine).
@@ -36,8 +39,6 @@ import time
 from typing import Any
 
 BATCH = 20_000
-#: The index an envelope's page would read its journal through (not in the schema).
-JOURNAL_SEQ_INDEX = "CREATE INDEX journal_seq ON envq.journal (seq, n)"
 #: The error of a failed attempt: a traceback of a common size.
 ERROR = json.dumps(
     {
@@ -50,7 +51,7 @@ ERROR = json.dumps(
 )
 
 
-async def _fill(dsn: str, n: int, journal_seq_index: bool) -> dict[str, int]:
+async def _fill(dsn: str, n: int) -> dict[str, int]:
     import asyncpg  # noqa: PLC0415
 
     from envq.postgres.schema import render  # noqa: PLC0415
@@ -117,8 +118,6 @@ async def _fill(dsn: str, n: int, journal_seq_index: bool) -> dict[str, int]:
                 [ERROR if f else None for f in failing],
             )
             done += size
-        if journal_seq_index:
-            await conn.execute(JOURNAL_SEQ_INDEX)
         await conn.execute("ANALYZE")
         rows = await conn.fetch(
             "SELECT state::text, count(*) FROM envq.envelopes GROUP BY 1 ORDER BY 1"
@@ -129,12 +128,35 @@ async def _fill(dsn: str, n: int, journal_seq_index: bool) -> dict[str, int]:
         await conn.close()
 
 
-async def _measure(dsn: str, reps: int) -> list[tuple[str, list[float]]]:
+async def _measure(reps: int, dsn: str | None = None, n: int = 0) -> list[tuple[str, list[float]]]:
+    """Time the pages of the app over ``dsn``, or (None) over an in-process queue of
+    ``n`` envelopes made here."""
     import httpx  # noqa: PLC0415
 
+    import envq  # noqa: PLC0415
     import envq.web  # noqa: PLC0415
 
-    web = envq.web.app(dsn=dsn)
+    queue: envq.Queue | None = None
+    if dsn is None:
+        queue = envq.Queue("bench", workers=4)
+        web = envq.web.app(queue)
+        queue.start()
+        start = time.perf_counter()
+        queue.send(
+            *(
+                envq.Envelope(
+                    invoke=_job,
+                    id=f"job-{g}",
+                    type="rare" if g % 97 == 0 else "mail",
+                    delay=3600,
+                    payload={"to": f"{g}@x"},
+                )
+                for g in range(1, n + 1)
+            )
+        )
+        print(f"sent {n:,} envelopes in process in {time.perf_counter() - start:.1f} s")
+    else:
+        web = envq.web.app(dsn=dsn)
     transport = httpx.ASGITransport(app=web)
     results: list[tuple[str, list[float]]] = []
     try:
@@ -142,10 +164,6 @@ async def _measure(dsn: str, reps: int) -> list[tuple[str, list[float]]]:
             first = (await c.get("/envelopes?q=bench&limit=1")).text
             top = int(first.split("key=", 1)[1].split('"', 1)[0])
             mid = top // 2
-            failed = (await c.get(f"/envelopes?q=bench&state=failed&before={mid}&limit=1")).text
-            bad = int(failed.split("key=", 1)[1].split('"', 1)[0])
-            story = (await c.get(f"/envelope?q=bench&key={bad}")).text
-            assert 'class="traceback"' in story, "the failed envelope shows no error"
             pages = [
                 ("overview /", "/"),
                 ("machines /queue", "/queue?q=bench"),
@@ -154,16 +172,24 @@ async def _measure(dsn: str, reps: int) -> list[tuple[str, list[float]]]:
                 ("envelopes, a page in the middle", f"/envelopes?q=bench&before={mid}"),
                 ("envelopes, the page before it", f"/envelopes?q=bench&after={mid}"),
                 ("envelopes state=ready", "/envelopes?q=bench&state=ready"),
-                ("envelopes state=failed, middle", f"/envelopes?q=bench&state=failed&before={mid}"),
+                (
+                    "envelopes state=delayed, middle",
+                    f"/envelopes?q=bench&state=delayed&before={mid}",
+                ),
                 ("envelopes type=rare", "/envelopes?q=bench&type=rare"),
                 ("envelopes id=job-50000", '/envelopes?q=bench&id="job-50000"'),
                 ("one envelope, the newest", f"/envelope?q=bench&key={top}"),
                 ("one envelope, in the middle", f"/envelope?q=bench&key={mid}"),
                 ("one envelope, the oldest", "/envelope?q=bench&key=1"),
-                ("one failed envelope (its error)", f"/envelope?q=bench&key={bad}"),
-                ("its state (the open page's poll)", f"/api/envelope?q=bench&key={bad}"),
+                ("its state (the open page's poll)", f"/api/envelope?q=bench&key={mid}"),
                 ("schedules", "/schedules?q=bench"),
             ]
+            if queue is None:
+                failed = await c.get(f"/envelopes?q=bench&state=failed&before={mid}&limit=1")
+                bad = int(failed.text.split("key=", 1)[1].split('"', 1)[0])
+                story = (await c.get(f"/envelope?q=bench&key={bad}")).text
+                assert 'class="traceback"' in story, "the failed envelope shows no error"
+                pages.append(("one failed envelope (its error)", f"/envelope?q=bench&key={bad}"))
             for name, url in pages:
                 answer = await c.get(url)
                 assert answer.status_code == 200, (url, answer.status_code, answer.text[:300])
@@ -176,6 +202,8 @@ async def _measure(dsn: str, reps: int) -> list[tuple[str, list[float]]]:
                 results.append((name, times))
     finally:
         await envq.web.aclose(web)
+        if queue is not None:
+            await queue.terminate()
     return results
 
 
@@ -185,11 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=100_000, help="envelopes (default 100000)")
     parser.add_argument("--reps", type=int, default=5, help="measured requests a page (5)")
     parser.add_argument(
-        "--journal-seq-index",
-        action="store_true",
-        help=f"{JOURNAL_SEQ_INDEX} in the throwaway database first (not in the schema)",
+        "--store",
+        choices=("postgres", "memory"),
+        default="postgres",
+        help="the queue shown: a throwaway PostgreSQL server's, or an in-process one",
     )
     args = parser.parse_args(argv)
+    print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    if args.store == "memory":
+        _print(asyncio.run(_measure(args.reps, n=args.n)))
+        return 0
     from envq.postgres._server import ThrowawayServer  # noqa: PLC0415
 
     with ThrowawayServer() as server:
@@ -207,22 +240,27 @@ def main(argv: list[str] | None = None) -> int:
 
         asyncio.run(create())
         start = time.perf_counter()
-        counts = asyncio.run(_fill(dsn, args.n, args.journal_seq_index))
+        counts = asyncio.run(_fill(dsn, args.n))
         print(f"filled in {time.perf_counter() - start:.1f} s: {counts}")
-        print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
-        if args.journal_seq_index:
-            print(f"with {JOURNAL_SEQ_INDEX}")
-        results = asyncio.run(_measure(dsn, args.reps))
+        results = asyncio.run(_measure(args.reps, dsn))
+    _print(results)
+    return 0
+
+
+def _print(results: list[tuple[str, list[float]]]) -> None:
     width = max(len(name) for name, _ in results)
     print(f"\n{'page'.ljust(width)}  median ms  slowest ms")
     for name, times in results:
         median, slowest = statistics.median(times) * 1000, max(times) * 1000
         print(f"{name.ljust(width)}  {median:9.1f}  {slowest:10.1f}")
-    return 0
 
 
 def job(env: Any) -> None:
     """The envelopes' callable (never run: the benchmark only reads their rows)."""
+
+
+async def _job(env: Any) -> None:
+    """The in-process envelopes' callable (never run: they wait an hour)."""
 
 
 if __name__ == "__main__":

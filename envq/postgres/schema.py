@@ -404,7 +404,9 @@ BEGIN
                             coalesce(mode_now::text, 'none'), coalesce(NEW.limited, false));
     END IF;
     IF journal_on THEN
-        PERFORM envq.journal_move(NEW, source, queue_now);
+        -- The node whose attempt moved: the claimer, or the holder of the lease ended.
+        PERFORM envq.journal_move(NEW, source, queue_now,
+            CASE WHEN TG_OP = 'UPDATE' THEN coalesce(NEW.lease_owner, OLD.lease_owner) END);
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
@@ -1009,14 +1011,19 @@ CREATE TABLE envq.journal (
     -- queue): a move made while a lifecycle call was under way, not yet committed,
     -- saw the state before it, though its row may be written after the call's.
     queue_state text,
-    at timestamptz NOT NULL DEFAULT clock_timestamp()
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The node whose attempt the move began or ended (its lease_owner); NULL for the
+    -- other moves (sends, due moves, an operator's).
+    node text
 );
 CREATE INDEX journal_queue ON envq.journal (queue, n);
+-- An envelope's moves, newest first, without walking its queue's whole journal.
+CREATE INDEX journal_seq ON envq.journal (queue, seq, n);
 COMMENT ON TABLE envq.journal IS
     'Every move of the queues whose journal is on, in the order they were made.';
 
 CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state,
-                                  seen envq.queue_state)
+                                  seen envq.queue_state, held_by text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -1031,9 +1038,9 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
-                              queue_state)
+                              queue_state, node)
     VALUES (moved.queue, moved.seq, source::text, moved.state::text, moved.event::text,
-            moved.decision, moved.cause, seen::text);
+            moved.decision, moved.cause, seen::text, held_by);
 END
 $$;
 COMMENT ON FUNCTION envq.journal_move IS

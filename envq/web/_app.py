@@ -13,9 +13,10 @@ site cannot read the cookie to copy it; the cookie is ``SameSite=Strict`` too, a
 ``Origin`` of another host is refused), and they are refused unless the app was given
 an action token and this browser unlocked them with it (a cookie holding an HMAC of
 the token, never the token), or was given ``authorize`` and it approves the request
-(the host application's own authentication decides; no token, no unlocking). A page offers only the actions the tables allow in the
-state it shows (:func:`envq.web._rows.operator_events`, :func:`~envq.web._rows.queue_calls`);
-the queue's own call decides.
+(the host application's own authentication decides; no token, no unlocking). A page
+offers only the actions the tables allow in the state it shows
+(:func:`envq.web._rows.operator_events`, :func:`~envq.web._rows.queue_calls`); the
+queue's own call decides.
 """
 
 from __future__ import annotations

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import attrs
 
@@ -87,6 +88,22 @@ def error_shown(error: ErrorInfo | None) -> ErrorShown | None:
     if error is None:
         return None
     return ErrorShown(error.type, error.message[:SHOWN], error.traceback[-SHOWN:])
+
+
+class _Held(NamedTuple):
+    """An ended envelope the app heard of and the queue no longer holds, as a list
+    reads it (the fields of a :class:`~envq.LiveEnvelope` it needs)."""
+
+    seq: int
+    envelope: Envelope
+    state: EnvState
+    kind: Kind
+    attempts: int
+    due: float | None
+
+
+def _seq(found: _Held | LiveEnvelope) -> int:
+    return found.seq
 
 
 @attrs.define
@@ -243,49 +260,64 @@ class MemorySource:
             due_note=note,
         )
 
-    def _all(self) -> list[EnvelopeRow]:
-        """Live and remembered ended envelopes, newest first."""
-        rows: dict[int, EnvelopeRow] = {
-            key: self._row(e.envelope, key, e.state, e.kind, e.attempts, None)
+    def _all(self, state: EnvState | None) -> list[_Held | LiveEnvelope]:
+        """Live and remembered ended envelopes (in ``state``: any when None), newest
+        first: one walk of the queue (a page of it per request would walk it from the
+        start each time); a row is made only for the envelopes a page shows."""
+        live = self.q.envelopes(state, limit=sys.maxsize)
+        held = {snap.seq for snap in live}
+        heard = [
+            _Held(key, e.envelope, e.state, e.kind, e.attempts, None)
             for key, e in self._ended.items()
-        }
-        after = 0
-        while True:
-            page = self.q.envelopes(after=after, limit=1000)
-            for live in page:
-                rows[live.seq] = self._row(
-                    live.envelope, live.seq, live.state, live.kind, live.attempts, live.due
-                )
-            if len(page) < 1000:
-                break
-            after = page[-1].seq
-        return [rows[k] for k in sorted(rows, reverse=True)]
+            if key not in held and (state is None or e.state is state)
+        ]
+        found: list[_Held | LiveEnvelope] = [*live, *heard]
+        found.sort(key=_seq, reverse=True)
+        return found
 
     async def envelopes(self, name: str, query: EnvelopeQuery) -> EnvelopePage:
         self._check(name)
-        rows = [
-            r
-            for r in self._all()
-            if (query.state is None or r.state is query.state)
-            and (query.type is None or r.type == query.type)
-            and (query.id is None or r.id == query.id or r.id == shown(query.id, 200)[0])
-            and (not query.scheduled or (r.schedule and r.state not in TERMINAL_STATES))
-        ]
+        ids = None if query.id is None else {query.id, shown(query.id, 200)[0]}
+        rows = self._all(query.state)
+        if query.type is not None or ids is not None or query.scheduled:
+            rows = [
+                r
+                for r in rows
+                if (query.type is None or r.envelope.type == query.type)
+                and (
+                    ids is None
+                    or (r.envelope.id is not None and shown(r.envelope.id, 200)[0] in ids)
+                )
+                and (
+                    not query.scheduled
+                    or (
+                        (r.envelope._calendar or r.envelope.interval > 0)
+                        and r.state not in TERMINAL_STATES
+                    )
+                )
+            ]
+        keys = [r.seq for r in rows]
+        older: int | None
+        newer: int | None
         if query.after is not None:
-            newer_side = [r for r in rows if r.key > query.after]
+            newer_side = [r for r in rows if r.seq > query.after]
             page = newer_side[-query.limit :]
             more_newer = len(newer_side) > query.limit
-            older = page[-1].key if page and any(r.key < page[-1].key for r in rows) else None
-            return EnvelopePage(page, older, page[0].key if page and more_newer else None)
-        if query.before is not None:
-            rows_before = [r for r in rows if r.key < query.before]
+            older = page[-1].seq if page and any(k < page[-1].seq for k in keys) else None
+            newer = page[0].seq if page and more_newer else None
+        elif query.before is not None:
+            rows_before = [r for r in rows if r.seq < query.before]
             page = rows_before[: query.limit]
             more = len(rows_before) > query.limit
-            return EnvelopePage(
-                page, page[-1].key if more and page else None, page[0].key if page else None
-            )
-        page = rows[: query.limit]
-        return EnvelopePage(page, page[-1].key if len(rows) > query.limit else None, None)
+            older = page[-1].seq if more and page else None
+            newer = page[0].seq if page else None
+        else:
+            page = rows[: query.limit]
+            older, newer = (page[-1].seq if len(rows) > query.limit else None), None
+        rows_shown = [
+            self._row(r.envelope, r.seq, r.state, r.kind, r.attempts, r.due) for r in page
+        ]
+        return EnvelopePage(rows_shown, older, newer)
 
     def _gone(self, name: str, key: int) -> NotFound:
         later = self._retried.get(key)

@@ -392,7 +392,7 @@ class PgSource:
             journal = await conn.fetchval("SELECT journal FROM envq.queues WHERE name = $1", name)
             moves = await conn.fetch(
                 "SELECT seq, from_state, to_state, event, decision::text AS decision,"
-                " cause::text AS cause, extract(epoch FROM at)::float8 AS at"
+                " cause::text AS cause, extract(epoch FROM at)::float8 AS at, node"
                 " FROM envq.journal WHERE queue = $1 AND seq = $2 ORDER BY n DESC LIMIT $3",
                 name,
                 key,
@@ -477,7 +477,7 @@ class PgSource:
         except ValueError:  # a queue's move (seq NULL) never gets here; be safe anyway
             row = queue_row(QueueState(source), QueueState(to), QueueCall(event))
             from_state = EnvState.NEW
-        return Move(j["at"], (source or "new").upper(), to.upper(), label, row)
+        return Move(j["at"], (source or "new").upper(), to.upper(), label, row, j["node"] or "")
 
     @contextlib.asynccontextmanager
     async def _acting(self, name: str) -> AsyncIterator[PgQueue]:

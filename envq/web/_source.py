@@ -169,6 +169,9 @@ class Move:
     event: str
     #: The deciding row, e.g. ``OUTCOMES[(ONE_OFF, OK)]``.
     row: str
+    #: The node whose attempt began or ended with this move ("" for other moves, and
+    #: in process).
+    node: str = ""
 
 
 @attrs.frozen

@@ -62,31 +62,47 @@ async def test_the_kept_counts_follow_every_kind_of_move(pg_dsn: str) -> None:
                 *(envq.Envelope(invoke=pg_jobs.noop, id=f"kd{i}", delay=0.3) for i in range(10)),
                 envq.Envelope(invoke=pg_jobs.stop_type, id="kban", type="banned"),
                 *(envq.Envelope(invoke=pg_jobs.noop, id=f"kt{i}", type="banned") for i in range(5)),
-                envq.Envelope(invoke=pg_jobs.slow, id="kslow", payload="30"),
+                envq.Envelope(invoke=pg_jobs.slow, id="kslow", payload="600"),
             )
             await asyncio.sleep(0.1)
             assert await _drift(conn) == []
-            # An attempt claimed elsewhere and left to expire (the reaper's move).
+            # An attempt claimed elsewhere and left to expire (the reaper's move). The
+            # claim takes the oldest READY row: first let the node claim every one sent.
+            loop = asyncio.get_running_loop()
+            until = loop.time() + 30
+            while "ready" in await q.counts():
+                assert loop.time() < until, "the node did not claim what was sent"
+                await asyncio.sleep(0.05)
             await conn.execute(
                 "INSERT INTO envq.envelopes (queue, id, invoke, kind, state, event)"
                 " VALUES ($1, '\"ghost\"', 'pg_jobs:noop', 'one_off', 'ready', 'send')",
                 name,
             )
-            await conn.fetch("SELECT * FROM envq.claim($1, 'elsewhere', 1, interval '0.2 s')", name)
-            loop = asyncio.get_running_loop()
+            ghost = await conn.fetch(
+                "SELECT id FROM envq.claim($1, 'elsewhere', 1, interval '0.2 s')", name
+            )
+            assert [r["id"] for r in ghost] == ['"ghost"']
             until = loop.time() + 30
             while loop.time() < until:
                 counts = await q.counts()
                 if counts.get("running", 0) == 1 and not {"ready", "delayed"} & set(counts):
                     break
                 await asyncio.sleep(0.05)
+            else:
+                pytest.fail(f"only kslow running, nothing waiting: not reached in 30 s ({counts})")
             assert await _drift(conn) == []
             await q.stop(envq.StopMode.STOP, cancel=True)
             assert await _drift(conn) == []
             await q.start()
             await q.stop(envq.StopMode.STOP, cancel=True)
+            slow = await conn.fetchrow(
+                "SELECT state::text, history::text FROM envq.envelopes"
+                " WHERE queue = $1 AND id = '\"kslow\"'",
+                name,
+            )
             handed = await q.terminate()
-            assert handed  # the parked ones were handed back (their rows deleted)
+            # The parked ones were handed back (their rows deleted): kslow, cancelled twice.
+            assert "kslow" in {e.id for e in handed}, (slow, handed)
             assert await _drift(conn) == []
             kept = await q.counts()
             rows = {

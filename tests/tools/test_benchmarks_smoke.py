@@ -85,3 +85,26 @@ def test_smoke_run_writes_markdown_and_png(tmp_path: Path) -> None:
             png = tmp_path / f"benchmarks-{name}.png"
             assert png.read_bytes()[:8] == PNG_MAGIC, name
             assert f"(benchmarks-{name}.png)" in glance, name
+    else:
+        assert not list(tmp_path.glob("*.png"))
+
+
+def test_ab_runs_tree_against_a_revision() -> None:
+    """``python -m benchmarks.ab HEAD`` loads HEAD's envq as a second package and
+    measures both sides in one process (tiny sizes; no number is judged)."""
+    cmd = [sys.executable, "-m", "benchmarks.ab", "HEAD", "--n", "2000", "--reps", "1"]
+    cmd += ["--periodic", "200", "--window", "0.5"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert lines[1].startswith("HEAD: envq_rev from "), lines[:2]
+    assert str(ROOT / "envq") not in lines[1]
+    assert any(line.strip().startswith("tree ") and "× floor" in line for line in lines)
+    assert any(line.strip().startswith("HEAD ") and "× floor" in line for line in lines)
+    assert any(line.strip().startswith("raw call_at") for line in lines)
+    shapes = lines[next(i for i, x in enumerate(lines) if x.startswith("one-off shapes")) :]
+    for label in SHAPES:
+        row = next((x for x in shapes if x.strip().startswith(label)), "")
+        assert row.count("× floor") == 2, (label, row)
+        assert " tree " in row, row
+        assert " HEAD " in row, row

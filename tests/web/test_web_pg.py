@@ -137,6 +137,12 @@ async def test_moves_from_the_journal_name_their_rows(web_db: Callable[[], str])
             "QUEUE_MOVES[(READY, DISPATCH)]",
             "OUTCOMES[(ONE_OFF, ERROR)]",
         ]
+        # The node of each attempt's moves (its claim and its end), none for the others.
+        moved_by = re.findall(r'<td class="node">([^<]*)</td>', one)
+        assert len(moved_by) == len(rows)
+        attempt_moves = [1, 2, 4, 5]  # the two dispatches and the two ends
+        assert all(moved_by[i] == node.lease_owner for i in attempt_moves), moved_by
+        assert [moved_by[i] for i in (0, 3)] == ["", ""]
         # Its story, from the row: the last error with the traceback, escaped, and
         # both failed attempts with the node that ran them.
         assert "<b>on purpose" not in one

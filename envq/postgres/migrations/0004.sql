@@ -7,7 +7,8 @@
 -- runs on this one; envq.counts keeps the envelopes per state (a send's capacity
 -- check no longer counts rows); ready envelopes are claimed in the order they became
 -- ready, from an index of their own; an operator's moves (retry, cancel, discard)
--- are events of the tables, and only an ended row may be deleted.
+-- are events of the tables, and only an ended row may be deleted; the journal names
+-- the node of each attempt's moves, and is read by envelope through an index.
 ALTER TYPE envq.envelope_event ADD VALUE 'retry' BEFORE 'attempt_ok';
 ALTER TYPE envq.envelope_event ADD VALUE 'cancel' BEFORE 'attempt_ok';
 ALTER TYPE envq.envelope_event ADD VALUE 'discard' BEFORE 'attempt_ok';
@@ -297,7 +298,9 @@ BEGIN
                             coalesce(mode_now::text, 'none'), coalesce(NEW.limited, false));
     END IF;
     IF journal_on THEN
-        PERFORM envq.journal_move(NEW, source, queue_now);
+        -- The node whose attempt moved: the claimer, or the holder of the lease ended.
+        PERFORM envq.journal_move(NEW, source, queue_now,
+            CASE WHEN TG_OP = 'UPDATE' THEN coalesce(NEW.lease_owner, OLD.lease_owner) END);
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
@@ -696,6 +699,32 @@ CREATE TRIGGER envelopes_count_truncate AFTER TRUNCATE ON envq.envelopes
 
 -- The counts of the rows already there (the triggers keep them from now on; the
 -- upgrade's lock keeps every node out meanwhile).
+ALTER TABLE envq.journal ADD COLUMN node text;
+CREATE INDEX journal_seq ON envq.journal (queue, seq, n);
+DROP FUNCTION envq.journal_move(envq.envelopes, envq.envelope_state, envq.queue_state);
+CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state,
+                                  seen envq.queue_state, held_by text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF source IS NOT NULL AND moved.state = source THEN
+        RETURN;
+    END IF;
+    -- A send of an id already live is a dedup: ON CONFLICT DO NOTHING skips the row
+    -- after this trigger ran, so it is not a move.
+    IF source IS NULL AND moved.id IS NOT NULL AND EXISTS (
+        SELECT FROM envq.envelopes AS d
+         WHERE d.queue = moved.queue AND d.id = moved.id AND d.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')) THEN
+        RETURN;
+    END IF;
+    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
+                              queue_state, node)
+    VALUES (moved.queue, moved.seq, source::text, moved.state::text, moved.event::text,
+            moved.decision, moved.cause, seen::text, held_by);
+END
+$$;
+COMMENT ON FUNCTION envq.journal_move IS
+    'Appends one envelope move to the journal (called by the trigger when it is on).';
 LOCK TABLE envq.envelopes IN SHARE MODE;
 INSERT INTO envq.counts (queue, state, slot, n)
 SELECT queue, state, 0, count(*) FROM envq.envelopes GROUP BY queue, state;
