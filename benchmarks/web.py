@@ -39,6 +39,10 @@ import time
 from typing import Any
 
 BATCH = 20_000
+#: Attempts claimed and ended per statement while filling: a statement that moves many
+#: rows of one queue updates its kept counts (envq.counts) as often, and each update
+#: of a row already updated in the same transaction walks the versions before it.
+ENDS = 1_000
 #: The error of a failed attempt: a traceback of a common size.
 ERROR = json.dumps(
     {
@@ -96,7 +100,7 @@ async def _fill(dsn: str, n: int) -> dict[str, int]:
         )
         done = 0
         while done < ended:
-            size = min(BATCH, ended - done)
+            size = min(ENDS, ended - done)
             claimed = await conn.fetch(
                 "SELECT seq, lease_token FROM envq.claim('bench', 'bench-node', $1,"
                 " interval '1 hour')",
