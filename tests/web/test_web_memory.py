@@ -218,3 +218,49 @@ async def test_queue_envelopes_lists_snapshots(make_queue: object) -> None:
     with pytest.raises(ValueError, match="after"):
         q.envelopes(after=-1)
     assert q.state is QueueState.RUNNING
+
+
+def chart_of(page: str) -> tuple[int, int, list[str]]:
+    """The ends' chart a page shows: its caption's succeeded and failed totals, and the
+    title of each bar that has any."""
+    caption = re.search(
+        r"<span class=\"ok-key\">(\d+) succeeded</span>, "
+        r"<span class=\"bad-key\">(\d+) failed</span>",
+        page,
+    )
+    assert caption is not None, "no chart on the page"
+    bars = re.findall(r"<title>([^<]*: (\d+) succeeded, (\d+) failed)</title>", page)
+    return int(caption[1]), int(caption[2]), [t for t, ok, bad in bars if ok != "0" or bad != "0"]
+
+
+async def test_the_chart_counts_the_ends_of_the_last_minutes(make_queue: object) -> None:
+    q = await busy_queue(make_queue)
+    async with client(q) as c:
+        assert chart_of((await c.get("/")).text)[:2] == (0, 0)
+        q.start()
+        q.send(*(envq.Envelope(invoke=fine, id=f"ok{i}") for i in range(5)))
+        q.send(*(envq.Envelope(invoke=fails, id=f"bad{i}") for i in range(3)))
+        await asyncio.sleep(1)
+        ok, bad, bars = chart_of((await c.get("/")).text)
+        assert (ok, bad) == (5, 3)
+        assert bars
+        assert bars[-1].endswith("5 succeeded, 3 failed")  # the latest slice
+        assert chart_of((await c.get("/queue")).text)[:2] == (5, 3)
+
+
+async def test_a_cron_envelope_is_listed_with_its_next_run(make_queue: object) -> None:
+    q = await busy_queue(make_queue)
+    async with client(q) as c:
+        q.start()
+        q.send(
+            envq.Envelope(invoke=fine, id="nightly", type="report", schedule=envq.Cron("0 3 * * *"))
+        )
+        q.send(envq.Envelope(invoke=fine, id="once", delay=5))
+        page = (await c.get("/schedules")).text
+        assert "nightly" in page
+        assert "once" not in page
+        assert re.search(r"on Cron\(.*0 3 \* \* \*", html.unescape(page)), page
+        # Its next run: 03:00 of the next day that has one, less than a day away.
+        due = re.search(r"\d{4}-\d\d-\d\d 03:00:00 UTC \(in ([\d.]+) (s|min|h)\)", page)
+        assert due is not None, page
+        assert due[2] != "h" or float(due[1]) <= 24

@@ -248,3 +248,41 @@ async def test_a_database_without_the_schema_says_so(web_pg: object) -> None:
         page = await c.get("/")
         assert page.status_code == 503
         assert "no envq schema" in page.text
+
+
+async def test_the_chart_counts_the_ends_and_cron_is_listed(web_db: Callable[[], str]) -> None:
+    """The ends' chart counts the SUCCEEDED and FAILED rows of the last minutes; a cron
+    envelope is on the schedules page with its calendar and next run."""
+    dsn = web_db()
+    async with PgQueue(dsn, "ends", workers=4, poll=0.1) as node:
+        await node.install()
+        await node.start()
+        await node.send(*(envq.Envelope(invoke=ws.quick, id=f"ok{i}") for i in range(6)))
+        await node.send(*(envq.Envelope(invoke=ws.broken, id=f"bad{i}") for i in range(2)))
+        await node.send(
+            envq.Envelope(invoke=ws.quick, id="nightly", schedule=envq.Cron("0 3 * * *"))
+        )
+
+        async def ended() -> bool:
+            counts = await node.counts()
+            return counts.get("succeeded", 0) == 6 and counts.get("failed", 0) == 2
+
+        await ws.wait_async("the ends", ended, limit=60)
+        async with client(dsn=dsn) as c:
+            for path in ("/", "/queue?q=ends"):
+                page = (await c.get(path)).text
+                caption = re.search(
+                    r'<span class="ok-key">(\d+) succeeded</span>, '
+                    r'<span class="bad-key">(\d+) failed</span>',
+                    page,
+                )
+                assert caption is not None, path
+                assert (int(caption[1]), int(caption[2])) == (6, 2), path
+                bars = re.findall(r"<title>[^<]*: (\d+) succeeded, (\d+) failed</title>", page)
+                assert sum(int(ok) for ok, _ in bars) == 6
+                assert sum(int(bad) for _, bad in bars) == 2
+            schedules = html.unescape((await c.get("/schedules?q=ends")).text)
+            assert "nightly" in schedules
+            assert "ok0" not in schedules
+            assert re.search(r"0 3 \* \* \*", schedules), schedules
+            assert re.search(r"\d{4}-\d\d-\d\d 03:00:00 UTC", schedules), schedules
