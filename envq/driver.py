@@ -19,21 +19,29 @@ import asyncio
 import collections
 import json
 import logging
-import math
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, TextIO, TypeAlias
+from typing import Any, Final, TextIO
 
 import envq
+from envq.conform.driving import (
+    DriverError,
+    arg_choice,
+    arg_count,
+    arg_flag,
+    arg_number,
+    arg_optional,
+    cause_name,
+    error_name,
+    member_name,
+    play,
+)
 from envq.conform.protocol import (
-    CAUSES,
     ERRORS,
     FEATURES,
     HANG_RELEASES,
-    LONG_SECONDS,
     PROTOCOL,
     SHARED_STORE_FEATURES,
-    SLOW_SECONDS,
     EnvSpec,
     Plan,
     Policy,
@@ -44,103 +52,6 @@ __all__ = ["DriverError", "Session", "answer", "main"]
 
 #: ``sleep(0)`` passes that let ready callbacks run after a command (no time passes).
 SETTLE_PASSES: Final = 200
-
-
-def _name(member: Any) -> str | None:
-    return None if member is None else str(member.value)
-
-
-def _error(exc: BaseException) -> str:
-    """The protocol's name of an error a call raised (the nearest known class)."""
-    for cls in type(exc).__mro__:
-        if cls.__name__ in ERRORS:
-            return ERRORS[cls.__name__]
-    return f"other:{type(exc).__name__}"
-
-
-def _cause(exc: BaseException) -> str:
-    """The protocol's name of a move's cause."""
-    name = type(exc).__name__
-    return CAUSES.get(name, f"other:{name}")
-
-
-Gates: TypeAlias = dict[str, tuple[asyncio.Event, list[Plan]]]
-
-
-async def play(
-    plan: Plan,
-    name: str,
-    gates: Gates,
-    observe: Callable[..., None],
-    real: Callable[[float], float],
-) -> Plan:
-    """The waiting part of an attempt's plan (``slow``, ``long``: sleep; ``hang``: wait
-    for ``release``, which names the plan to go on with); the plan the attempt then ends
-    by. A cancel seen while waiting is reported (``cancelled``) and goes on up."""
-    try:
-        if plan is Plan.SLOW or plan is Plan.LONG:
-            await asyncio.sleep(real(SLOW_SECONDS if plan is Plan.SLOW else LONG_SECONDS))
-            return Plan.OK
-        if plan is Plan.HANG:
-            gate = asyncio.Event()
-            holder: list[Plan] = []
-            gates[name] = (gate, holder)
-            try:
-                await gate.wait()
-            finally:
-                gates.pop(name, None)
-            return holder[0]
-    except asyncio.CancelledError:
-        observe("cancelled", env=name)
-        raise
-    return plan
-
-
-class DriverError(Exception):
-    """A command the driver cannot carry out (a protocol error, not an envq one)."""
-
-
-def _number(command: dict[str, Any], field: str, default: float | None = None) -> float:
-    """A finite number >= 0 of the command (``default`` if it is missing)."""
-    value = command.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DriverError(f"{field} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise DriverError(f"{field} must be finite and >= 0, got {value!r}")
-    return float(value)
-
-
-def _optional(command: dict[str, Any], field: str) -> float | None:
-    """A finite number >= 0 of the command, or ``None`` if it is missing or null."""
-    return None if command.get(field) is None else _number(command, field)
-
-
-def _count(command: dict[str, Any], field: str, default: int) -> int:
-    """A whole number >= 0 of the command (``default`` if it is missing)."""
-    value = command.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DriverError(f"{field} must be a whole number >= 0, got {value!r}")
-    return value
-
-
-def _flag(command: dict[str, Any], field: str, default: bool | None) -> bool | None:
-    """``true``/``false`` of the command (``default`` if it is missing; ``None`` only
-    where null is allowed)."""
-    value = command.get(field, default)
-    if value is None and default is None:
-        return None
-    if not isinstance(value, bool):
-        raise DriverError(f"{field} must be true or false, got {value!r}")
-    return value
-
-
-def _choice(kind: type[Plan] | type[envq.StopMode], value: object, field: str) -> Any:
-    """The member of ``kind`` named ``value``."""
-    try:
-        return kind(value)
-    except ValueError:
-        names = [m.value for m in kind]
-        raise DriverError(f"{field} must be one of {names}, got {value!r}") from None
 
 
 class _ModelCron:
@@ -282,7 +193,7 @@ class Session:
         try:
             result = method(command)
         except envq.EnvqError as exc:
-            response = {"ok": False, "error": _error(exc), "message": str(exc)}
+            response = {"ok": False, "error": error_name(exc), "message": str(exc)}
         except ValueError as exc:
             response = {"ok": False, "error": ERRORS["ValueError"], "message": str(exc)}
         else:
@@ -300,7 +211,10 @@ class Session:
     def on_event(self, event: envq.Event) -> None:
         """The queue's listener: every state change, as an observation."""
         if event.envelope is None:
-            self.observe("queue", **{"from": _name(event.from_state), "to": _name(event.to_state)})
+            self.observe(
+                "queue",
+                **{"from": member_name(event.from_state), "to": member_name(event.to_state)},
+            )
             return
         name = self.names.get(event.envelope, "?")
         if event.from_state is envq.EnvState.NEW:
@@ -310,9 +224,9 @@ class Session:
         self.observe(
             "move",
             env=name,
-            **{"from": _name(event.from_state), "to": _name(event.to_state)},
-            outcome=_name(event.outcome),
-            cause=None if event.cause is None else _cause(event.cause),
+            **{"from": member_name(event.from_state), "to": member_name(event.to_state)},
+            outcome=member_name(event.outcome),
+            cause=None if event.cause is None else cause_name(event.cause),
         )
 
     async def invoke(self, env: envq.Envelope) -> None:
@@ -342,7 +256,7 @@ class Session:
     ) -> envq.Decision | None:
         """A scripted envelope's on_failure: reports the call, answers its policy."""
         name = self.names[env]
-        self.observe("on_failure", env=name, error=_cause(exc), attempt=attempt)
+        self.observe("on_failure", env=name, error=cause_name(exc), attempt=attempt)
         policy = self.specs[name].policy
         if policy is Policy.DROP:
             return envq.drop()
@@ -363,7 +277,7 @@ class Session:
         if "time_scale" in command:
             value = command["time_scale"]
             try:
-                scale = _number(command, "time_scale")
+                scale = arg_number(command, "time_scale")
             except DriverError:
                 scale = 0.0
             if scale <= 0:
@@ -386,12 +300,12 @@ class Session:
         """A new queue under test (the previous one must have been terminated)."""
         if self.q is not None and self.q.state is not envq.QueueState.TERMINATED:
             raise DriverError("the previous queue was not terminated")
-        workers = _count(command, "workers", 1)
+        workers = arg_count(command, "workers", 1)
         if workers < 1:
             raise DriverError(f"workers must be >= 1, got {workers}")
-        capacity = _count(command, "capacity", 0)
-        stop_mode = _choice(envq.StopMode, command.get("stop_mode", "drain"), "stop_mode")
-        wait = _flag(command, "wait", True)
+        capacity = arg_count(command, "capacity", 0)
+        stop_mode = arg_choice(envq.StopMode, command.get("stop_mode", "drain"), "stop_mode")
+        wait = arg_flag(command, "wait", True)
         self.q = envq.Queue(
             "conform",
             workers=workers,
@@ -453,12 +367,12 @@ class Session:
     def cmd_plan(self, command: dict[str, Any]) -> None:
         """Append a plan to an envelope's script."""
         self._env(command.get("env"))
-        self.scripts[command["env"]].append(_choice(Plan, command.get("plan"), "plan"))
+        self.scripts[command["env"]].append(arg_choice(Plan, command.get("plan"), "plan"))
 
     def cmd_release(self, command: dict[str, Any]) -> bool:
         """Let a hanging attempt go on with a plan; False if it does not hang."""
         name = command.get("env")
-        plan = _choice(Plan, command.get("plan"), "plan")
+        plan = arg_choice(Plan, command.get("plan"), "plan")
         if plan not in HANG_RELEASES:
             raise DriverError(f"a hanging attempt is released with one of {HANG_RELEASES}")
         gate = self.gates.get(name) if isinstance(name, str) else None
@@ -492,7 +406,7 @@ class Session:
         """``send_wait(*envs, timeout)``; blocks, in model time, for at most ``limit``."""
         q = self._queue()
         envs = self._envs(command)
-        timeout = _optional(command, "timeout")
+        timeout = arg_optional(command, "timeout")
         real_timeout = None if timeout is None else self.real(timeout)
         return self._blocking(q.send_wait(*envs, timeout=real_timeout), command)
 
@@ -522,7 +436,7 @@ class Session:
         """Await ``coro`` for at most the command's ``limit`` (model seconds): its
         result, or ``{"timed_out": true}``."""
         try:
-            limit = _optional(command, "limit")
+            limit = arg_optional(command, "limit")
         except DriverError:
             coro.close()
             raise
@@ -549,11 +463,11 @@ class Session:
         """``stop(mode, cancel, wait)``; the report."""
         q = self._queue()
         mode = command.get("mode")
-        _optional(command, "limit")
+        arg_optional(command, "limit")
         stopping = q.stop(
-            mode=None if mode is None else _choice(envq.StopMode, mode, "mode"),
-            cancel=bool(_flag(command, "cancel", False)),
-            wait=_flag(command, "wait", None),
+            mode=None if mode is None else arg_choice(envq.StopMode, mode, "mode"),
+            cancel=bool(arg_flag(command, "cancel", False)),
+            wait=arg_flag(command, "wait", None),
         )
 
         async def report() -> Any:
@@ -581,7 +495,7 @@ class Session:
 
     def cmd_advance(self, command: dict[str, Any]) -> None:
         """Let ``seconds`` of model time pass."""
-        self._run(asyncio.sleep(self.real(_number(command, "seconds", 0))))
+        self._run(asyncio.sleep(self.real(arg_number(command, "seconds", 0))))
 
     def cmd_stats(self, command: dict[str, Any]) -> dict[str, Any]:
         """``statistics()``, with states, outcomes and reasons by their protocol names."""

@@ -57,6 +57,17 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import envq
 from envq._machine import OUTCOMES, Action, Kind, Outcome, QueueState, StopMode
+from envq.conform.driving import (
+    DriverError,
+    arg_choice,
+    arg_count,
+    arg_flag,
+    arg_number,
+    arg_optional,
+    cause_name,
+    error_name,
+    play,
+)
 from envq.conform.protocol import (
     ERRORS,
     HANG_RELEASES,
@@ -64,17 +75,6 @@ from envq.conform.protocol import (
     EnvSpec,
     Plan,
     Policy,
-)
-from envq.driver import (  # the protocol's argument checks, shared with the reference
-    DriverError,
-    _cause,
-    _choice,
-    _count,
-    _error,
-    _flag,
-    _number,
-    _optional,
-    play,
 )
 from envq.postgres._queue import PgQueue
 
@@ -222,7 +222,7 @@ async def invoke(env: envq.Envelope) -> None:
         Plan.NO_RETRY: envq.DoNotRetry(),
     }.get(plan)
     if error is not None:
-        session.raised[name].append((time.time(), _cause(error)))
+        session.raised[name].append((time.time(), cause_name(error)))
         raise error
 
 
@@ -235,7 +235,7 @@ async def on_failure(env: envq.Envelope, exc: BaseException, attempt: int) -> en
     spec = session.specs[name]
     # A hook that only reports runs after the end committed: not held for the end.
     notes = {"_reports": True} if _reports_only(exc, spec) else {}
-    session.observe("on_failure", env=name, error=_cause(exc), attempt=attempt, **notes)
+    session.observe("on_failure", env=name, error=cause_name(exc), attempt=attempt, **notes)
     if spec.policy is Policy.DROP:
         return envq.drop()
     if spec.policy is Policy.RETRY_NOW:
@@ -251,7 +251,7 @@ def _reports_only(exc: BaseException, spec: EnvSpec) -> bool:
     """Whether a node calls ``on_failure`` with ``exc`` to report an end it has
     committed (a ``REPORT_FAILURE`` row: DoNotRetry), rather than to decide it."""
     try:
-        outcome = Outcome(_cause(exc))
+        outcome = Outcome(cause_name(exc))
     except ValueError:
         return False
     kind = Kind.PERIODIC if spec.periodic else Kind.ONE_OFF
@@ -599,7 +599,7 @@ class Session:
         try:
             result = await method(command)
         except envq.EnvqError as exc:
-            response = {"ok": False, "error": _error(exc), "message": str(exc)}
+            response = {"ok": False, "error": error_name(exc), "message": str(exc)}
         except ValueError as exc:
             response = {"ok": False, "error": ERRORS["ValueError"], "message": str(exc)}
         else:
@@ -655,7 +655,7 @@ class Session:
         if "time_scale" in command:
             value = command["time_scale"]
             try:
-                scale = _number(command, "time_scale")
+                scale = arg_number(command, "time_scale")
             except DriverError:
                 scale = 0.0
             if scale <= 0:
@@ -676,12 +676,12 @@ class Session:
         """A new queue in the database, served by the nodes."""
         if self.nodes and self.life != QueueState.TERMINATED.value:
             raise DriverError("the previous queue was not terminated")
-        workers = _count(command, "workers", 1)
+        workers = arg_count(command, "workers", 1)
         if workers < 1:
             raise DriverError(f"workers must be >= 1, got {workers}")
-        capacity = _count(command, "capacity", 0)
-        stop_mode = _choice(StopMode, command.get("stop_mode", "drain"), "stop_mode")
-        wait = _flag(command, "wait", True)
+        capacity = arg_count(command, "capacity", 0)
+        stop_mode = arg_choice(StopMode, command.get("stop_mode", "drain"), "stop_mode")
+        wait = arg_flag(command, "wait", True)
         await self._drop_queue()
         self.queue_name = f"conform-{uuid.uuid4().hex[:12]}"
         self.wait_default = bool(wait)
@@ -755,12 +755,12 @@ class Session:
         name = command.get("env")
         if not isinstance(name, str) or name not in self.envs:
             raise DriverError(f"unknown envelope {name!r}")
-        self.scripts[name].append(_choice(Plan, command.get("plan"), "plan"))
+        self.scripts[name].append(arg_choice(Plan, command.get("plan"), "plan"))
 
     async def cmd_release(self, command: dict[str, Any]) -> bool:
         """Let a hanging attempt go on with a plan; False if it does not hang."""
         name = command.get("env")
-        plan = _choice(Plan, command.get("plan"), "plan")
+        plan = arg_choice(Plan, command.get("plan"), "plan")
         if plan not in HANG_RELEASES:
             raise DriverError(f"a hanging attempt is released with one of {HANG_RELEASES}")
         gate = self.gates.get(name) if isinstance(name, str) else None
@@ -794,7 +794,7 @@ class Session:
         """Await ``coro`` for at most the command's ``limit`` (model seconds); on time
         out it goes on, and the answer is ``{"timed_out": true}``."""
         try:
-            limit = _optional(command, "limit")
+            limit = arg_optional(command, "limit")
         except DriverError:
             coro.close()
             raise
@@ -812,7 +812,7 @@ class Session:
         """``send_wait(*envs, timeout)``; blocks for at most ``limit``."""
         self._queue()
         names = self._names(command)
-        timeout = _optional(command, "timeout")
+        timeout = arg_optional(command, "timeout")
         node = self._sender()
 
         async def go() -> None:
@@ -827,10 +827,10 @@ class Session:
         """``stop(mode, cancel, wait)`` on the first node; the report, from the journal."""
         q = self._queue()
         mode = command.get("mode")
-        _optional(command, "limit")
-        chosen = None if mode is None else _choice(StopMode, mode, "mode")
-        cancel = bool(_flag(command, "cancel", False))
-        wait = _flag(command, "wait", None)
+        arg_optional(command, "limit")
+        chosen = None if mode is None else arg_choice(StopMode, mode, "mode")
+        cancel = bool(arg_flag(command, "cancel", False))
+        wait = arg_flag(command, "wait", None)
         if wait is None:
             wait = self.wait_default
         if cancel and (chosen or q.stop_mode) is StopMode.DRAIN:
@@ -857,7 +857,7 @@ class Session:
 
     async def cmd_advance(self, command: dict[str, Any]) -> None:
         """Let ``seconds`` of model time pass."""
-        await asyncio.sleep(self.real(_number(command, "seconds", 0)))
+        await asyncio.sleep(self.real(arg_number(command, "seconds", 0)))
 
     async def cmd_stats(self, command: dict[str, Any]) -> None:
         """The statistics, answered from the snapshot the observations come from."""

@@ -209,3 +209,14 @@ class TestLayout:
             and node.end_lineno - node.lineno + 1 > 600
         ]
         assert large == []
+
+    def test_neither_store_depends_on_the_other_s_driver(self) -> None:
+        """The PostgreSQL store imports nothing of the in-process queue's conformance
+        driver (their shared argument checks live in ``envq.conform.driving``), and
+        the in-process engine nothing of envq.postgres."""
+        graph = import_graph()
+        pg = {m for m in graph if m.startswith("envq.postgres")}
+        assert pg, "the walk found no envq.postgres module"
+        assert sorted(m for m in pg if "envq.driver" in graph[m]) == []
+        engine = {m for m in graph if m.startswith("envq._") and not m.startswith("envq.__")}
+        assert sorted(m for m in engine if graph[m] & pg) == []
