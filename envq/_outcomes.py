@@ -37,7 +37,7 @@ from envq._machine import (
     OutcomeRow,
     QueueState,
 )
-from envq._rules import by_policy, exhausted
+from envq._rules import by_policy, exhausted, failures_in_a_row, hook_number
 from envq._values import Schedule
 
 __all__ = ["Perform", "Settler"]
@@ -253,7 +253,8 @@ class Settler:
         limited: bool,
     ) -> None:
         """Periodic failure: on_failure's decision if set, else the next interval."""
-        failures = rec.failures = rec.failures + 1
+        number = hook_number(True, rec.failures, rec.attempts)
+        failures = rec.failures = failures_in_a_row(rec.failures)
         at: float | None = None
         if env.on_failure is None:
             to = target
@@ -261,7 +262,7 @@ class Settler:
             if self.log_unhandled and not self.listeners.handlers:
                 self._log_periodic_failure(env, rec, failures, delay, cause)
         else:
-            decision = await self._runner.on_failure(w, env, cause, rec.failures)
+            decision = await self._runner.on_failure(w, env, cause, number)
             if self._banned_meanwhile(w, env, rec, outcome, cause):
                 return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
@@ -304,14 +305,11 @@ class Settler:
         cause: BaseException | None,
     ) -> None:
         if env.on_failure is not None:
-            await self._runner.on_failure(w, env, cause, self._attempt_no(rec))
+            number = hook_number(rec.kind is _PERIODIC, rec.failures, rec.attempts)
+            await self._runner.on_failure(w, env, cause, number)
             if self._banned_meanwhile(w, env, rec, outcome, cause):
                 return
         self._enter(env, rec, outcome, target, cause=cause)
-
-    @staticmethod
-    def _attempt_no(rec: _Rec) -> int:
-        return rec.failures + 1 if rec.kind is _PERIODIC else rec.attempts
 
     async def _decide(
         self,

@@ -4,8 +4,10 @@ The tables (:mod:`envq._machine`) say which row an attempt's outcome selects; th
 functions here decide what a row leaves open — for a one-off failure that no
 ``on_failure`` hook decides, whether the envelope's :class:`~envq.Retry` policy puts
 it back and after how long, and the error its end reports when the policy allows no
-more attempts. The in-process engine (:mod:`envq._outcomes`) and the PostgreSQL node
-(:mod:`envq.postgres._ends`) both call them; neither decides a retry by itself.
+more attempts; for a periodic one, its count of failures in a row; for either, the
+number its ``on_failure`` hook is given. The in-process engine
+(:mod:`envq._outcomes`) and the PostgreSQL node (:mod:`envq.postgres._ends`) both call
+them; neither decides a retry, or counts a periodic failure, by itself.
 
 No I/O, no clock, no store: the inputs are the policy and the attempt's number, so a
 store may call them before it commits the end under the attempt's lease.
@@ -19,7 +21,7 @@ from envq._errors import MaxRetriesExceeded
 from envq._machine import DecisionKind
 from envq._values import Retry
 
-__all__ = ["RETRY", "by_policy", "exhausted"]
+__all__ = ["RETRY", "by_policy", "exhausted", "failures_in_a_row", "hook_number"]
 
 #: The decision of a retry the policy allows.
 RETRY: Final = DecisionKind.RETRY_AFTER
@@ -46,3 +48,16 @@ def exhausted(
     error = MaxRetriesExceeded(f"{where}: {label} failed {attempt} of {retry.attempts} attempts")
     error.__cause__ = cause
     return error
+
+
+def failures_in_a_row(failures: int) -> int:
+    """A periodic envelope's failures in a row once this run failed, from the count
+    before it (a run that succeeds sets the count back to 0)."""
+    return failures + 1
+
+
+def hook_number(periodic: bool, failures: int, attempt: int) -> int:
+    """The number ``on_failure`` is given for a failed run: a periodic envelope's
+    failures in a row including this run (``failures``: the count before it), a
+    one-off envelope's attempt number (``attempt``, from 1)."""
+    return failures_in_a_row(failures) if periodic else attempt

@@ -26,7 +26,7 @@ from envq._envelope import Envelope
 from envq._errors import MaxRetriesExceeded
 from envq._machine import OUTCOMES, Action, DecisionKind, EnvState, Kind, Outcome
 from envq._reports import ErrorInfo
-from envq._rules import by_policy, exhausted
+from envq._rules import by_policy, exhausted, failures_in_a_row, hook_number
 from envq._schedule import Timing
 from envq._values import Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
@@ -150,7 +150,7 @@ def without_code(
             log.warning("%s: attempt %d failed, and its retry policy allows no more", what, attempt)
             return DecisionKind.DROP, 0.0, None
         case Action.DECIDE_PERIODIC:
-            failures = int(row["failures"]) + 1
+            failures = failures_in_a_row(int(row["failures"]))
             try:
                 timing: Timing = (
                     Schedule(row["schedule"])
@@ -222,16 +222,15 @@ async def decide(
             return None, next_run(env.schedule, env.interval, row, started, started_db), 0
         case Action.DECIDE | Action.DECIDE_PERIODIC:
             periodic = action is Action.DECIDE_PERIODIC
-            failures = int(row["failures"]) + 1 if periodic else None
+            failures = failures_in_a_row(int(row["failures"])) if periodic else None
             if env.on_failure is not None:
                 held = await hold()
                 if held is None:
                     return None
                 if held is not kind:  # relabelled meanwhile (banned, cancelled): no hook
                     return None, 0.0, failures
-                decision = await runner.on_failure(
-                    w, env, cause, failures if failures is not None else attempt
-                )
+                number = hook_number(periodic, int(row["failures"]), attempt)
+                decision = await runner.on_failure(w, env, cause, number)
                 return decision.kind, decision.delay, failures
             if periodic:
                 wait = next_run(env.schedule, env.interval, row, started, started_db)
@@ -289,9 +288,8 @@ async def report(
             await runner.on_success(w, env)
         case Action.REPORT_FAILURE:
             if env.on_failure is not None:
-                # A periodic envelope counts its failures in a row, as in one process.
                 periodic = kind is Kind.PERIODIC
-                number = int(row["failures"]) + 1 if periodic else int(row["attempt"])
+                number = hook_number(periodic, int(row["failures"]), int(row["attempt"]))
                 await runner.on_failure(w, env, cause, number)
         case Action.DECIDE:
             if isinstance(cause, MaxRetriesExceeded):

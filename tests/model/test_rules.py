@@ -7,7 +7,7 @@ import pytest
 
 import envq
 from envq._machine import DecisionKind
-from envq._rules import by_policy, exhausted
+from envq._rules import by_policy, exhausted, failures_in_a_row, hook_number
 
 LIMITED = envq.Retry(attempts=3, base=1.0, cap=30.0, jitter=False)
 UNLIMITED = envq.Retry(attempts=-1, base=0.5, cap=4.0, jitter=False)
@@ -60,3 +60,32 @@ def test_both_stores_call_the_rules_and_decide_no_retry_themselves() -> None:
         assert "by_policy(" in text, path
         assert ".allows(" not in text, path
         assert "MaxRetriesExceeded(" not in text, path
+
+
+@pytest.mark.parametrize(
+    ("periodic", "failures", "attempt", "number", "in_a_row"),
+    [
+        (True, 0, 1, 1, 1),  # a periodic envelope's first failure
+        (True, 4, 9, 5, 5),  # its fifth in a row, whatever its runs
+        (False, 0, 1, 1, 1),  # a one-off envelope's first attempt
+        (False, 0, 3, 3, 1),  # a one-off's third attempt: its number, not a count
+    ],
+)
+def test_the_number_a_hook_is_given_and_the_failures_in_a_row(
+    periodic: bool, failures: int, attempt: int, number: int, in_a_row: int
+) -> None:
+    assert hook_number(periodic, failures, attempt) == number
+    assert failures_in_a_row(failures) == in_a_row
+
+
+def test_both_stores_count_a_periodic_failure_through_the_rules() -> None:
+    """Neither store counts a periodic failure or numbers a hook's call by itself."""
+    import re  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    root = Path(envq.__file__).parent
+    for path in (root / "_outcomes.py", root / "postgres" / "_ends.py"):
+        text = path.read_text()
+        assert "failures_in_a_row(" in text, path
+        assert "hook_number(" in text, path
+        assert not re.search(r"failures\"?\]?\)? \+ 1", text), path
