@@ -59,6 +59,13 @@ def _workers(text: str) -> int:
     return value
 
 
+def _envelopes(text: str) -> int:
+    value = _workers(text)
+    if not 10 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"must be from 10 to 100000, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -128,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
             "http://127.0.0.1:PORT/ while it runs, at a pace a person can follow "
             "(0: any free port; needs envq[web])"
         ),
+    )
+    demo.add_argument(
+        "--envelopes",
+        type=_envelopes,
+        default=400,
+        metavar="N",
+        help="with --postgres: how many envelopes the producer sends (default 400, 10 to "
+        "100000)",
     )
     view = demo.add_mutually_exclusive_group()
     view.add_argument(
@@ -231,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo" and args.postgres:
         from envq.postgres.demo import run_pg_demo  # noqa: PLC0415 - needs asyncpg
 
-        return run_pg_demo(args.dsn, web=args.web)
+        return run_pg_demo(args.dsn, count=args.envelopes, web=args.web)
     if args.command == "demo":
         return run_demo(
             DemoOptions(

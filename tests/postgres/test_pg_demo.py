@@ -16,7 +16,7 @@ def test_the_demo_loses_nothing_when_a_node_is_killed(pg_dsn: str) -> None:
     env = dict(os.environ)
     env.pop("ENVQ_DSN", None)
     done = subprocess.run(
-        [sys.executable, "-m", "envq", "demo", "--postgres", "--dsn", pg_dsn],
+        [sys.executable, "-m", "envq", "demo", "--postgres", "--dsn", pg_dsn, "--envelopes", "100"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -47,7 +47,19 @@ def test_the_demo_serves_its_dashboard_while_it_runs(pg_dsn: str) -> None:
     env = dict(os.environ)
     env.pop("ENVQ_DSN", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "envq", "demo", "--postgres", "--dsn", pg_dsn, "--web", "0"],
+        [
+            sys.executable,
+            "-m",
+            "envq",
+            "demo",
+            "--postgres",
+            "--dsn",
+            pg_dsn,
+            "--web",
+            "0",
+            "--envelopes",
+            "40",
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -64,7 +76,7 @@ def test_the_demo_serves_its_dashboard_while_it_runs(pg_dsn: str) -> None:
             found = re.search(r"dashboard: (http://\S+/)", line)
             if found:
                 url = found.group(1)
-            if "sent 400 envelopes" in line:
+            if "sent 40 envelopes" in line:
                 assert url is not None, "".join(lines)
                 with urllib.request.urlopen(url, timeout=30) as answer:
                     page = answer.read().decode()
@@ -82,3 +94,15 @@ def test_the_demo_serves_its_dashboard_while_it_runs(pg_dsn: str) -> None:
     assert "envq-demo" in page, page[:2000]
     assert ", 0 lost" in out
     assert pg_dsn not in out
+
+
+@pytest.mark.parametrize("given", ["5", "100001", "many", "0"])
+def test_a_bad_envelope_count_is_refused_naming_the_option(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from envq.__main__ import main  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--postgres", "--envelopes", given])
+    assert exited.value.code == 2
+    assert "--envelopes" in capsys.readouterr().err
