@@ -141,8 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_envelopes,
         default=400,
         metavar="N",
-        help="with --postgres: how many envelopes the producer sends (default 400, 10 to "
-        "100000)",
+        help="with --postgres: how many envelopes the producer sends (default 400, 10 to 100000)",
     )
     view = demo.add_mutually_exclusive_group()
     view.add_argument(
