@@ -62,7 +62,7 @@ async def test_the_kept_counts_follow_every_kind_of_move(pg_dsn: str) -> None:
                 *(envq.Envelope(invoke=pg_jobs.noop, id=f"kd{i}", delay=0.3) for i in range(10)),
                 envq.Envelope(invoke=pg_jobs.stop_type, id="kban", type="banned"),
                 *(envq.Envelope(invoke=pg_jobs.noop, id=f"kt{i}", type="banned") for i in range(5)),
-                envq.Envelope(invoke=pg_jobs.slow, id="kslow", payload="600"),
+                envq.Envelope(invoke=pg_jobs.slow, id="kslow", payload="60"),
             )
             await asyncio.sleep(0.1)
             assert await _drift(conn) == []
