@@ -25,7 +25,8 @@ import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from operator import attrgetter
+from typing import Any, Final
 
 import attrs
 
@@ -88,22 +89,6 @@ def error_shown(error: ErrorInfo | None) -> ErrorShown | None:
     if error is None:
         return None
     return ErrorShown(error.type, error.message[:SHOWN], error.traceback[-SHOWN:])
-
-
-class _Held(NamedTuple):
-    """An ended envelope the app heard of and the queue no longer holds, as a list
-    reads it (the fields of a :class:`~envq.LiveEnvelope` it needs)."""
-
-    seq: int
-    envelope: Envelope
-    state: EnvState
-    kind: Kind
-    attempts: int
-    due: float | None
-
-
-def _seq(found: _Held | LiveEnvelope) -> int:
-    return found.seq
 
 
 @attrs.define
@@ -260,19 +245,20 @@ class MemorySource:
             due_note=note,
         )
 
-    def _all(self, state: EnvState | None) -> list[_Held | LiveEnvelope]:
+    def _all(self, state: EnvState | None) -> list[LiveEnvelope]:
         """Live and remembered ended envelopes (in ``state``: any when None), newest
         first: one walk of the queue (a page of it per request would walk it from the
         start each time); a row is made only for the envelopes a page shows."""
         live = self.q.envelopes(state, limit=sys.maxsize)
         held = {snap.seq for snap in live}
+        # The ended ones the app heard of and the queue no longer holds, as snapshots.
         heard = [
-            _Held(key, e.envelope, e.state, e.kind, e.attempts, None)
+            LiveEnvelope(e.envelope, key, e.state, e.kind, e.attempts)
             for key, e in self._ended.items()
             if key not in held and (state is None or e.state is state)
         ]
-        found: list[_Held | LiveEnvelope] = [*live, *heard]
-        found.sort(key=_seq, reverse=True)
+        found = [*live, *heard]
+        found.sort(key=attrgetter("seq"), reverse=True)
         return found
 
     async def envelopes(self, name: str, query: EnvelopeQuery) -> EnvelopePage:
