@@ -175,7 +175,7 @@ class Lifecycle:
     @staticmethod
     def row_for_send(state: QueueState) -> LifeRow:
         """The SEND row of ``state``, cached by ``send()``'s fast path (which then skips
-        ``_life``, so the strict self-loop check is made here)."""
+        :meth:`perform`, so the strict self-loop check is made here)."""
         row = LIFECYCLE[(state, QueueCall.SEND)]
         check_stays(row, state)
         return row

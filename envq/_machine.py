@@ -265,7 +265,8 @@ class DecisionKind(_Enum):
 
 
 class LifeAction(_Enum):
-    """What a lifecycle call does; performed by ``Queue`` in one exhaustive ``match``."""
+    """What a lifecycle call does; performed by ``Lifecycle.perform`` in one exhaustive
+    ``match``."""
 
     #: Nothing changes (the call is a no-op in this state).
     NOTHING = "nothing"

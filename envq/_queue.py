@@ -1,17 +1,18 @@
 """The queue: lifecycle, admission, capacity, workers and the outcome interpreter.
 
 Every state change goes through the tables of :mod:`envq._machine`: the lifecycle
-methods look up ``LIFECYCLE[(state, call)]`` and hand the row to :meth:`Queue._life`,
-which performs its action; the rows of ``OUTCOMES`` are resolved once per queue by
-:meth:`Queue._resolve` into the row's action with its target bound, which the worker
-calls at the end of each attempt. Both end in ``assert_never``, so mypy proves every
-action is handled. Envelope moves go through :meth:`Queue._move` (checked against
-``ENVELOPE_MOVES`` when ``envq._machine.STRICT`` is on), and every envelope state has
-one entry routine, :meth:`Queue._enter`.
+methods look up ``LIFECYCLE[(state, call)]`` and hand the row to
+:meth:`envq._lifecycle.Lifecycle.perform`, which performs its action; the rows of
+``OUTCOMES`` are resolved once per queue by :meth:`envq._outcomes.Settler.resolve` into
+the row's action with its target bound, which the worker calls at the end of each
+attempt. Both end in ``assert_never``, so mypy proves every action is handled. Envelope
+moves go through :meth:`envq._moves.Mover.move` (checked against ``ENVELOPE_MOVES`` when
+``envq._machine.STRICT`` is on), and every envelope state has one entry routine,
+:meth:`envq._moves.Mover.enter`.
 
-Per-envelope bookkeeping lives in ``Queue._live`` (envelope → :class:`_Rec`), an
-insertion-ordered dict: its keys are exactly the live envelopes, in admission order,
-so ``capacity_used`` is ``len(_live)`` and cannot drift.
+Per-envelope bookkeeping lives in :attr:`envq._store.MemoryStore.live` (envelope →
+:class:`_Rec`), an insertion-ordered dict: its keys are exactly the live envelopes, in
+admission order, so ``capacity_used`` is ``len(live)`` and cannot drift.
 """
 
 from __future__ import annotations

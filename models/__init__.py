@@ -6,11 +6,11 @@ that ``envq conform`` can use them as its oracle; this top-level ``models`` pack
 which is not installed, re-exports them for reading and for the repository's scripts
 and tests:
 
-* :class:`~envq.model.lifecycle.LifecycleModel` — the queue lifecycle (contract §3);
+* :class:`~envq.model.lifecycle.LifecycleModel` — the queue lifecycle (docs/lifecycle.md);
 * :class:`~envq.model.envelope.EnvelopeModel` — one envelope's states and the outcome
-  table (contract §4).
+  table (docs/outcomes.md).
 
-``tests/test_models.py`` proves them equal to the runtime tables in ``envq._machine``,
+``tests/model/test_models.py`` proves them equal to the runtime tables in ``envq._machine``,
 guards included; ``python -m envq spec --write`` renders them into ``specs/``. See
 ``docs/model.md``.
 """

@@ -67,7 +67,7 @@ class EnvelopeModel(StateMachine):
 
     s = States.from_enum(EnvState, initial=EnvState.NEW, final={EnvState.RETURNED})
 
-    # -- queue-side events (§3, §4) ----------------------------------------------------
+    # -- queue-side events (docs/lifecycle.md, docs/outcomes.md) ----------------------
 
     #: ``send()``: buffered before the first start (capacity reserved); admitted to a
     #: running queue: READY, or DELAYED when it must wait (``delay``, ``not_before``).
@@ -76,8 +76,8 @@ class EnvelopeModel(StateMachine):
         | s.NEW.to(s.READY, unless=["before_start", "must_wait"])
         | s.NEW.to(s.DELAYED, cond="must_wait", unless="before_start")
     )
-    #: ``start()`` arms buffered envelopes (§2 first run) and re-arms parked ones with the
-    #: time they still had to wait (§3 Parking).
+    #: ``start()`` arms buffered envelopes (docs/concepts.md, first run) and re-arms
+    #: parked ones with the time they still had to wait (docs/lifecycle.md, Parking).
     start = (
         s.BUFFERED.to(s.READY, unless="must_wait")
         | s.BUFFERED.to(s.DELAYED, cond="must_wait")
@@ -88,12 +88,14 @@ class EnvelopeModel(StateMachine):
     due = s.DELAYED.to(s.READY)
     #: A worker takes it: one attempt in flight.
     dispatch = s.READY.to(s.RUNNING)
-    #: The stop under way parks it (§3 stop modes): READY under STOP, DELAYED always.
+    #: The stop under way parks it (docs/lifecycle.md, Stop modes): READY under STOP,
+    #: DELAYED always.
     stop = s.READY.to(s.PARKED, cond="stop_mode_stop") | s.DELAYED.to(s.PARKED)
     #: ``terminate()`` hands back what is still held: buffered or parked (the stop that
     #: terminate begins with has parked the READY and DELAYED ones).
     terminate = s.BUFFERED.to(s.RETURNED) | s.PARKED.to(s.RETURNED)
-    #: Its ``type`` was blacklisted (§4 STOP_TYPE): every live one not RUNNING ends at once.
+    #: Its ``type`` was blacklisted (docs/outcomes.md, Blacklisting): every live one not
+    #: RUNNING ends at once.
     blacklist = (
         s.BUFFERED.to(s.STOPPED)
         | s.READY.to(s.STOPPED)
@@ -101,7 +103,7 @@ class EnvelopeModel(StateMachine):
         | s.PARKED.to(s.STOPPED)
     )
 
-    # -- an operator's moves (§14) -----------------------------------------------------
+    # -- an operator's moves (docs/operating.md) --------------------------------------
 
     #: Send an envelope that ended FAILED or STOPPED back: buffered before the first
     #: start, else READY (it ran before: it does not wait again).
@@ -123,7 +125,7 @@ class EnvelopeModel(StateMachine):
     #: it is its sender's again).
     discard = s.SUCCEEDED.to(s.NEW) | s.FAILED.to(s.NEW) | s.STOPPED.to(s.NEW)
 
-    # -- the outcome table (§4): the attempt in flight ended ---------------------------
+    # -- the outcome table (docs/outcomes.md): the attempt in flight ended -------------
 
     #: OK — one-off: ``on_success``, SUCCEEDED; periodic: next run after ``interval``
     #: (parked while the queue is not RUNNING).

@@ -465,7 +465,7 @@ _ARMABLE: Final = frozenset({EnvState.BUFFERED, EnvState.PARKED})
 #: The row groups of an attempt whose end is no longer its own (its type banned, or an
 #: operator's cancel): it ends STOPPED whatever its outcome.
 _CUT: Final = frozenset({Kind.BLACKLISTED, Kind.CANCELLED})
-#: What an operator may retry, cancel and discard (the contract's §14).
+#: What an operator may retry, cancel and discard (docs/operating.md).
 _RETRIABLE: Final = frozenset({EnvState.FAILED, EnvState.STOPPED})
 _DISCARDABLE: Final = ENDED
 _MODEL_MOVES: Final = envelope_moves()

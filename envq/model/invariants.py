@@ -72,7 +72,7 @@ INVARIANTS: Final[tuple[Invariant, ...]] = (
     ),
     Invariant(
         "I6",
-        "Stop modes and parking (§3)",
+        "Stop modes and parking",
         "Live states allowed per queue state: INIT — BUFFERED only; RUNNING — READY, "
         "DELAYED, RUNNING; STOPPING — RUNNING, PARKED, and READY only under `StopMode.DRAIN`; "
         "STOPPED — PARKED only; TERMINATED — none. A stop parks every DELAYED envelope, "

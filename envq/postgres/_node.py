@@ -583,8 +583,8 @@ class Node:
             try:
                 async with self._host._session() as conn:
                     await self._renew(conn)
-                    if self._orphans:
-                        await self._adopt(conn)
+                if self._orphans:
+                    await self._adopt()
             except asyncio.CancelledError:
                 raise
             except lost(asyncpg, asyncpg.PostgresError) as error:
@@ -593,11 +593,15 @@ class Node:
                 log.exception("queue %r: renewing leases failed", self.name)
             await asyncio.sleep(period)
 
-    async def _adopt(self, conn: _Conn) -> None:
+    async def _adopt(self) -> None:
         """Take back the attempts held under this node's name that it does not know of
         (a claim whose reply was lost), with no claim in flight (whose attempts would
-        look the same), and start them."""
-        async with self._gate.alone():
+        look the same), and start them.
+
+        The gate first, then a session, as the pump takes them: holding a session while
+        waiting for the claims in flight to end would deadlock with a claim waiting for
+        a session of a pool that has none left."""
+        async with self._gate.alone(), self._host._session() as conn:
             known = [flight.token for flight in self._flights.values()]
             rows = await conn.fetch(_ADOPT, self.name, self.node, known, self.lease)
             self._orphans = False

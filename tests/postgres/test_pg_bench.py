@@ -42,8 +42,10 @@ def test_tiny_run_gives_well_formed_figures(pg_server: ThrowawayServer, system: 
     assert summary["jobs_per_s"] > 0
     assert summary["enqueue_per_s"] > 0
     lat = summary["latency_ms"]
-    # Interpolated percentiles may pass the largest sample by a rounding error.
-    assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= max(row.latencies_ms) * (1 + 1e-9)
+    # Interpolated percentiles may pass the largest sample by a float's rounding error,
+    # and the summary's (to 0.01 ms) by that rounding.
+    assert row.percentile(99) <= max(row.latencies_ms) * (1 + 1e-9)
+    assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= round(max(row.latencies_ms), 2) + 1e-9
     if summary["worker_cpu_us_per_job"] is not None:  # (read from /proc)
         assert summary["worker_cpu_us_per_job"] >= 0
         assert summary["server_cpu_us_per_job"] >= 0

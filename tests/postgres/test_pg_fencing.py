@@ -371,6 +371,43 @@ async def test_a_claim_whose_reply_was_lost_is_taken_back_and_run(
     assert "took back envelope" in a.stderr()
 
 
+async def test_taking_back_a_lost_claim_holds_no_session_while_a_claim_is_in_flight(
+    pg_dsn: str,
+) -> None:
+    """Taking back a lost claim's attempts waits for the claims in flight to end. It must
+    not hold one of the pool's sessions while it waits: with the pool's other sessions
+    busy, the claim it waits for waits for that session, and the node stops (nothing
+    claimed, reaped or counted again)."""
+    from envq.postgres import PgQueue  # noqa: PLC0415
+
+    name = "adopt-gate"
+    async with PgQueue(pg_dsn, name, workers=1, lease=0.6, poll=30.0) as q:
+        await q.start()
+        pool = q._db()
+        node = q._node
+        # Every session of the pool but one busy elsewhere (the host's long statements).
+        held = [await pool.acquire() for _ in range(pool.get_max_size() - 1)]
+        try:
+            async with node._gate.claiming():  # a claim in flight...
+                node._orphans = True  # ...and the reply of an earlier one was lost
+                # Five renewal periods: the renewer has found the orphans and waits
+                # for the claim to end.
+                await asyncio.sleep(1.0)
+                assert node._orphans
+                # The claim gets the last session: the waiting renewer does not hold it.
+                async with asyncio.timeout(5):
+                    conn = await pool.acquire()
+                await pool.release(conn)
+            # The claim ended: the renewer takes back (nothing to take) and is done.
+            async with asyncio.timeout(5):
+                while node._orphans:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+        finally:
+            for conn in held:
+                await pool.release(conn)
+        await q.terminate()
+
+
 async def test_an_end_whose_reply_was_lost_is_read_back_not_counted_as_refused(
     pg_server: ThrowawayServer, fault_dsn: str, cluster: Cluster
 ) -> None:

@@ -117,6 +117,7 @@ async def _function_disagreements(
 
 
 @pytest.mark.real_clock
+@pytest.mark.one_python
 async def test_envelope_target_is_the_tables_everywhere(pg_dsn: str) -> None:
     """``envq.envelope_target`` returns what ``target`` returns for every state, event
     and guard valuation (NULL where the event does not move the envelope)."""
@@ -314,6 +315,7 @@ async def test_the_trigger_accepts_exactly_the_tables_target(pg_dsn: str) -> Non
 
 
 @pytest.mark.real_clock
+@pytest.mark.one_python
 async def test_a_trigger_from_changed_tables_disagrees(pg_server: object) -> None:
     """The trigger comparison can fail: under a schema compiled from tables with one
     changed row, the database accepts the changed target where the tables refuse it."""
@@ -334,6 +336,7 @@ async def test_a_trigger_from_changed_tables_disagrees(pg_server: object) -> Non
 
 
 @pytest.mark.real_clock
+@pytest.mark.one_python
 async def test_the_lifecycle_trigger_accepts_exactly_the_tables_target(pg_dsn: str) -> None:
     """Every (lifecycle state, call), every candidate state: accepted only for the
     row's target; a REJECT row refuses every candidate naming its error; a pair the

@@ -1,4 +1,4 @@
-"""Contract §6: capacity, dedup, send order, all-or-nothing, and the capacity invariant."""
+"""Capacity (docs/capacity.md), dedup, send order, all-or-nothing, and the capacity invariant."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Deadlines and threads (contract §5): what a deadline bounds, and plain callables.
+"""Deadlines and threads (docs/outcomes.md, Deadlines): what a deadline bounds, and plain callables.
 
 A deadline bounds ``before``, the invoker chain and ``after`` of one attempt and is
 measured on the loop's (virtual) clock. Plain ``def`` callables run in the queue's

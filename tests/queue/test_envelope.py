@@ -1,4 +1,4 @@
-"""Contract §2: the Envelope — construction, validation, frozen fields, evolve, identity."""
+"""The Envelope (docs/concepts.md) — construction, validation, frozen fields, evolve, identity."""
 
 from __future__ import annotations
 

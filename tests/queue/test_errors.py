@@ -1,4 +1,5 @@
-"""Contract §9 (errors) and §3 (queue arguments, state errors): classes, hierarchy, messages."""
+"""Errors (docs/api.md) and the lifecycle's (docs/lifecycle.md: queue arguments, state
+errors): classes, hierarchy, messages."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Contract §10: events, subscribe/unsubscribe, listener failures, statistics snapshots."""
+"""docs/events.md: events, subscribe/unsubscribe, listener failures, statistics snapshots."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Hooks around an attempt: order, which run for which outcome, and budgets (contract §4, §5).
+"""Hooks around an attempt: order, which run for which outcome, and budgets
+(docs/outcomes.md, docs/concepts.md).
 
 One attempt runs ``before → stamps → invoke → after``; ``on_success`` / ``on_failure``
 follow. Every hook has a budget ``max(fraction × deadline, floor)``.

@@ -1,4 +1,4 @@
-"""Contract §3: the queue lifecycle table, construction, restart, the pre-start buffer,
+"""docs/lifecycle.md: the queue lifecycle table, construction, restart, the pre-start buffer,
 queue events and the async context manager."""
 
 from __future__ import annotations

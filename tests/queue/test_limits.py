@@ -1,4 +1,4 @@
-"""Rate limiters, the Retry policy, and the queue's use of them (contract §7).
+"""Rate limiters, the Retry policy, and the queue's use of them (docs/retries.md, docs/outcomes.md).
 
 The limiters are checked against client-go's documented behaviour
 (``k8s.io/client-go/util/workqueue/default_rate_limiters.go``) and

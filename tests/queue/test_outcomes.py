@@ -622,7 +622,7 @@ class TestHookErrors:
 
 
 class TestInternalErrors:
-    """The queue's own failure while handling an envelope (contract §4, the seed's
+    """The queue's own failure while handling an envelope (docs/outcomes.md; the seed's
     "panic"): provoked by making the worker's private step — the queue's resolved
     outcome row for a one-off OK attempt — raise once."""
 

@@ -1,4 +1,5 @@
-"""Periodic envelopes (contract §2 timing, §4 periodic rows and ``attempt`` numbering).
+"""Periodic envelopes (docs/schedules.md timing, docs/outcomes.md periodic rows and
+``attempt`` numbering).
 
 Fixed-delay runs next ``interval`` after the previous attempt ends; ``FIXED_RATE`` runs
 on the grid of the first scheduled start, skipping missed slots. A periodic failure

@@ -1,4 +1,4 @@
-"""Contract §6: send_wait — waiting for room, timeouts, FIFO, no overtaking, state changes."""
+"""send_wait (docs/capacity.md) — waiting for room, timeouts, FIFO, no overtaking, state changes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Contract §10: ``envq.logging_stamp()`` logs each attempt through stdlib logging with
+"""docs/events.md, Logging: ``envq.logging_stamp()`` logs each attempt through stdlib logging with
 structured ``extra`` fields, and envq stays quiet unless the application configures
 logging."""
 

@@ -1,4 +1,4 @@
-"""Contract §3: stop modes, parking, reschedules during a stop, stop reports, and
+"""Stop modes (docs/lifecycle.md), parking, reschedules during a stop, stop reports, and
 stop()/wait_stopped()/send() called from inside the queue."""
 
 from __future__ import annotations

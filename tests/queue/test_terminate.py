@@ -1,4 +1,4 @@
-"""Contract §3: terminate() hands back everything still in the queue from every state,
+"""docs/lifecycle.md: terminate() hands back everything still in the queue from every state,
 nothing is lost, and terminate() cannot be called from inside the queue."""
 
 from __future__ import annotations

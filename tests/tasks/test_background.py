@@ -1,6 +1,6 @@
 """Tasks from synchronous code: BackgroundQueue and the global queue with no event loop
-(contract §8). These run on the real clock with generous margins; nothing here depends
-on how fast the machine is, only on the order of events.
+(docs/retries.md, "Tasks from plain code"). These run on the real clock with generous
+margins; nothing here depends on how fast the machine is, only on the order of events.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The dowork-style task API on virtual time (contract §8): Task, TaskQueue, and the
-global ``submit``/``enqueue``/``shutdown`` from coroutines."""
+"""The dowork-style task API on virtual time (docs/retries.md, "Tasks from async code"):
+Task, TaskQueue, and the global ``submit``/``enqueue``/``shutdown`` from coroutines."""
 
 from __future__ import annotations
 
