@@ -38,6 +38,7 @@ from envq._machine import (
     LifeAction,
     LifeRow,
 )
+from envq._rules import Room, refusal, room
 from envq._stats import Counters
 from envq._values import Rejection
 
@@ -167,13 +168,15 @@ class Admission:
                 if over:
                     return -1
             elif over or self.waiters:
-                why = "producers are waiting in send_wait" if not over else "no room"
-                self.reject(
-                    Rejection.CAPACITY,
-                    CapacityExceeded,
-                    f"{why} for {count} envelope(s): {len(self.live)} of "
-                    f"{self.capacity} used ({fresh[0].label()})",
-                )
+                live_n = len(self.live)
+                if over:
+                    why = refusal(room(live_n, count, self.capacity), live_n, count, self.capacity)
+                else:
+                    why = (
+                        f"producers are waiting in send_wait for {count} envelope(s): "
+                        f"{live_n} of {self.capacity} used"
+                    )
+                self.reject(Rejection.CAPACITY, CapacityExceeded, f"{why} ({fresh[0].label()})")
         live = self.live
         first = seq = self._seq
         enter = self._enter
@@ -225,13 +228,10 @@ class Admission:
         if self.blacklist and any(env.type in self.blacklist for env in batch):
             self.refuse(batch)
         fresh = self.fresh(batch)
-        if fresh and self.capacity and len(self.live) + len(fresh) > self.capacity:
-            self.reject(
-                Rejection.CAPACITY,
-                CapacityExceeded,
-                f"no room to retry {len(fresh)} envelope(s): {len(self.live)} of "
-                f"{self.capacity} used ({fresh[0].label()})",
-            )
+        verdict = room(len(self.live), len(fresh), self.capacity)
+        if verdict is not Room.FITS:
+            why = refusal(verdict, len(self.live), len(fresh), self.capacity, doing="retry")
+            self.reject(Rejection.CAPACITY, CapacityExceeded, f"{why} ({fresh[0].label()})")
         self._counts.dedups += len(batch) - len(fresh)
         for env in fresh:
             rec = env._rec
@@ -346,12 +346,10 @@ class Admission:
             distinct = len(self.fresh(batch))
         else:  # refused once woken, by the checks of send()
             distinct = len({id(env) for env in batch})
-        if self.capacity and distinct > self.capacity:
+        if room(0, distinct, self.capacity) is Room.NEVER:
             self._counts.rejections[Rejection.CAPACITY] += 1
-            raise CapacityExceeded(
-                f"queue {self.name!r}: a batch of {distinct} envelopes can never fit "
-                f"capacity {self.capacity}"
-            )
+            why = refusal(Room.NEVER, len(self.live), distinct, self.capacity)
+            raise CapacityExceeded(f"queue {self.name!r}: {why}")
         # Woken (first come, first served) when the batch fits or would be refused, the
         # producer admits it itself: a producer cancelled or timed out after being woken
         # has admitted nothing, and the next one is woken instead.

@@ -5,9 +5,11 @@ functions here decide what a row leaves open — for a one-off failure that no
 ``on_failure`` hook decides, whether the envelope's :class:`~envq.Retry` policy puts
 it back and after how long, and the error its end reports when the policy allows no
 more attempts; for a periodic one, its count of failures in a row; for either, the
-number its ``on_failure`` hook is given. The in-process engine
-(:mod:`envq._outcomes`) and the PostgreSQL node (:mod:`envq.postgres._ends`) both call
-them; neither decides a retry, or counts a periodic failure, by itself.
+number its ``on_failure`` hook is given; and whether a batch's new envelopes fit a
+queue's capacity, with the words of a refusal. The in-process engine
+(:mod:`envq._outcomes`, :mod:`envq._admission`) and the PostgreSQL store
+(:mod:`envq.postgres._ends`, :mod:`envq.postgres._edges`) both call them; neither
+decides a retry, counts a periodic failure or words a capacity refusal by itself.
 
 No I/O, no clock, no store: the inputs are the policy and the attempt's number, so a
 store may call them before it commits the end under the attempt's lease.
@@ -15,13 +17,23 @@ store may call them before it commits the end under the attempt's lease.
 
 from __future__ import annotations
 
+import enum
 from typing import Final
 
 from envq._errors import MaxRetriesExceeded
 from envq._machine import DecisionKind
 from envq._values import Retry
 
-__all__ = ["RETRY", "by_policy", "exhausted", "failures_in_a_row", "hook_number"]
+__all__ = [
+    "RETRY",
+    "Room",
+    "by_policy",
+    "exhausted",
+    "failures_in_a_row",
+    "hook_number",
+    "refusal",
+    "room",
+]
 
 #: The decision of a retry the policy allows.
 RETRY: Final = DecisionKind.RETRY_AFTER
@@ -61,3 +73,32 @@ def hook_number(periodic: bool, failures: int, attempt: int) -> int:
     failures in a row including this run (``failures``: the count before it), a
     one-off envelope's attempt number (``attempt``, from 1)."""
     return failures_in_a_row(failures) if periodic else attempt
+
+
+class Room(enum.Enum):
+    """Whether a batch's new envelopes fit a queue's capacity."""
+
+    #: They fit now (or the queue has no capacity).
+    FITS = "fits"
+    #: Not now: the live envelopes leave too little room; an end may free it.
+    FULL = "full"
+    #: Never: more new envelopes than the capacity itself.
+    NEVER = "never"
+
+
+def room(live: int, fresh: int, capacity: int) -> Room:
+    """Whether ``fresh`` new envelopes (dedups not counted) fit beside ``live`` live ones
+    in ``capacity`` (0: no capacity)."""
+    if not capacity or not fresh or live + fresh <= capacity:
+        return Room.FITS
+    return Room.NEVER if fresh > capacity else Room.FULL
+
+
+def refusal(verdict: Room, live: int, fresh: int, capacity: int, *, doing: str = "") -> str:
+    """The words of a capacity refusal (``verdict`` FULL or NEVER), after the queue's
+    name: ``doing`` names what was refused when it is not a send (``"retry"``)."""
+    if verdict is Room.NEVER:
+        to = f" to {doing}" if doing else ""
+        return f"a batch of {fresh} new envelope(s){to} can never fit the capacity of {capacity}"
+    what = f"to {doing}" if doing else "for"
+    return f"no room {what} {fresh} envelope(s): {live} of {capacity} used"

@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final
 
 from envq import _checks
+from envq import _rules as rules
 from envq._errors import CapacityExceeded, QueueNotRunning
 from envq._machine import LIVE_STATES
 from envq.postgres.migrations import check, installed
@@ -374,7 +375,7 @@ async def check_room(
     # two reads would count its envelope live and new. The room is the kept counts'
     # (envq.counts), not a count of rows: it costs the same at any backlog.
     ids = [e.id for e in rows if e.id is not None]
-    room = await conn.fetchrow(
+    found = await conn.fetchrow(
         "SELECT (SELECT coalesce(sum(n), 0) FROM envq.counts WHERE queue = $1"
         " AND state = ANY($3::envq.envelope_state[])) AS live,"
         " (SELECT count(DISTINCT i) FROM unnest($2::text[]) AS i"
@@ -384,19 +385,14 @@ async def check_room(
         ids,
         _LIVE,
     )
-    assert room is not None  # an aggregate: always one row
-    live = room["live"]
-    fresh = len(rows) - len(ids) + room["fresh"]
-    if fresh > capacity:
-        # An id live now can only take room later: more new ones than the capacity
-        # never fit.
-        raise NeverFits(
-            f"queue {name!r}: {fresh} new envelope(s) can never fit the capacity of {capacity}"
-        )
-    if fresh and live + fresh > capacity:
-        raise CapacityExceeded(
-            f"queue {name!r}: no room for {fresh} envelope(s): {live} of {capacity} used"
-        )
+    assert found is not None  # an aggregate: always one row
+    live = found["live"]
+    fresh = len(rows) - len(ids) + found["fresh"]
+    # An id live now can only take room later: more new ones than the capacity never fit.
+    verdict = rules.room(live, fresh, capacity)
+    if verdict is not rules.Room.FITS:
+        error = NeverFits if verdict is rules.Room.NEVER else CapacityExceeded
+        raise error(f"queue {name!r}: {rules.refusal(verdict, live, fresh, capacity)}")
 
 
 async def check_capacity(
@@ -412,7 +408,7 @@ async def check_capacity(
         name,
         _LIVE,
     )
-    if live + count > capacity:
-        raise CapacityExceeded(
-            f"queue {name!r}: no room for {count} envelope(s): {live} of {capacity} used"
-        )
+    verdict = rules.room(live, count, capacity)
+    if verdict is not rules.Room.FITS:
+        why = rules.refusal(verdict, live, count, capacity, doing="retry")
+        raise CapacityExceeded(f"queue {name!r}: {why}")

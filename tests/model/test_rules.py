@@ -7,7 +7,7 @@ import pytest
 
 import envq
 from envq._machine import DecisionKind
-from envq._rules import by_policy, exhausted, failures_in_a_row, hook_number
+from envq._rules import Room, by_policy, exhausted, failures_in_a_row, hook_number, refusal, room
 
 LIMITED = envq.Retry(attempts=3, base=1.0, cap=30.0, jitter=False)
 UNLIMITED = envq.Retry(attempts=-1, base=0.5, cap=4.0, jitter=False)
@@ -89,3 +89,60 @@ def test_both_stores_count_a_periodic_failure_through_the_rules() -> None:
         assert "failures_in_a_row(" in text, path
         assert "hook_number(" in text, path
         assert not re.search(r"failures\"?\]?\)? \+ 1", text), path
+
+
+@pytest.mark.parametrize(
+    ("live", "fresh", "capacity", "expected"),
+    [
+        (0, 5, 0, Room.FITS),  # no capacity
+        (9, 0, 3, Room.FITS),  # nothing new (every envelope a dedup)
+        (0, 3, 3, Room.FITS),  # exactly full
+        (1, 2, 3, Room.FITS),
+        (2, 2, 3, Room.FULL),  # an end may free room
+        (3, 1, 3, Room.FULL),
+        (0, 4, 3, Room.NEVER),  # no end ever frees enough
+        (2, 4, 3, Room.NEVER),
+    ],
+)
+def test_whether_a_batch_fits_the_capacity(
+    live: int, fresh: int, capacity: int, expected: Room
+) -> None:
+    assert room(live, fresh, capacity) is expected
+
+
+def test_the_words_of_a_capacity_refusal() -> None:
+    assert refusal(Room.FULL, 2, 2, 3) == "no room for 2 envelope(s): 2 of 3 used"
+    assert (
+        refusal(Room.FULL, 2, 2, 3, doing="retry") == "no room to retry 2 envelope(s): 2 of 3 used"
+    )
+    assert (
+        refusal(Room.NEVER, 0, 4, 3)
+        == "a batch of 4 new envelope(s) can never fit the capacity of 3"
+    )
+
+
+def test_both_stores_refuse_a_batch_with_the_rules_words() -> None:
+    """Neither store words a capacity refusal, or compares a batch with the capacity
+    on its refusal path, by itself."""
+    from pathlib import Path  # noqa: PLC0415
+
+    root = Path(envq.__file__).parent
+    for path in (root / "_admission.py", root / "postgres" / "_edges.py"):
+        text = path.read_text()
+        assert "refusal(" in text, path
+        assert "can never fit the capacity" not in text, path
+
+
+async def test_a_batch_that_never_fits_is_refused_in_the_rules_words_in_process() -> None:
+    """A plain send of more new envelopes than the capacity: NEVER's words (the
+    PostgreSQL store's test of the same is in tests/postgres/test_pg_api_checks.py)."""
+    q = envq.Queue("cap", workers=1, capacity=2)
+    batch = [envq.Envelope(invoke=_noop) for _ in range(3)]
+    with pytest.raises(envq.CapacityExceeded) as caught:
+        q.send(*batch)
+    assert refusal(Room.NEVER, 0, 3, 2) in str(caught.value)
+    await q.terminate()
+
+
+async def _noop() -> None:
+    pass

@@ -25,6 +25,7 @@ from pg_support import create_database
 
 import envq
 from envq._errors import BadEnvelopeType
+from envq._rules import Room, refusal
 from envq.postgres import AdmissionUnknown, PgQueue, StoreUnavailable
 from envq.postgres import _queue as queue_module
 from envq.postgres import node as node_command
@@ -172,6 +173,10 @@ async def test_send_wait_of_a_batch_larger_than_the_capacity_fails_at_once(pg_ds
         batch = [envq.Envelope(invoke=pg_jobs.noop) for _ in range(3)]
         with pytest.raises(envq.CapacityExceeded, match="never"):
             await asyncio.wait_for(q.send_wait(*batch), 10)
+        # A plain send too, in the words both stores take from envq._rules.
+        with pytest.raises(envq.CapacityExceeded) as caught:
+            await q.send(*batch)
+        assert refusal(Room.NEVER, 0, 3, 2) in str(caught.value)
         # A batch that fits an empty queue still waits for room.
         await q.send(envq.Envelope(invoke=pg_jobs.noop), envq.Envelope(invoke=pg_jobs.noop))
         with pytest.raises(TimeoutError):

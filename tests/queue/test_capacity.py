@@ -549,7 +549,7 @@ class TestDedup:
         assert q.statistics().dedups == 2
         r = envq.Queue("r", capacity=2)
         x, y, z = counted(calls), counted(calls), counted(calls)
-        with pytest.raises(envq.CapacityExceeded, match="for 3 envelope"):
+        with pytest.raises(envq.CapacityExceeded, match="of 3 new envelope"):
             r.send(x, y, z, x)
         assert r.capacity_used == 0
         assert r.statistics().dedups == 0
