@@ -266,6 +266,60 @@ async def test_the_next_fixed_rate_point_is_computed_by_the_database(pg_dsn: str
         assert await next_due("fixed_delay", 1.0, 7.25) == 8.25
 
 
+@pytest.mark.one_python
+async def test_the_databases_grid_is_the_engines_for_every_input_class(pg_dsn: str) -> None:
+    """``envq.next_due`` (PL/pgSQL) and ``envq._schedule.fixed_rate_slot`` (the engine's)
+    pick the same grid point — the first strictly after the end — for every class of
+    input: an end inside a slot, a microsecond either side of a grid point, before the
+    first point, long overdue (up to a million slots, thirty years), the shortest
+    interval, intervals with no exact float (0.1 s, 1/3 s), a day, random ones. The
+    database keeps microseconds, the engine floats: at an end exactly on a grid point
+    (to the microsecond) the database takes the next point, and the engine that one or
+    the point itself when its float product lands a hair past the end (0.1 × 3 is
+    0.30000000000000004): the one place the two clocks' resolutions differ."""
+    import random  # noqa: PLC0415
+
+    from envq._schedule import MIN_INTERVAL, fixed_rate_slot  # noqa: PLC0415
+
+    rng = random.Random(20261128)
+    intervals_us = [1, 7, 1_000, 100_000, 333_333, 1_000_000, 2_500_000, 86_400_000_000]
+    intervals_us += [rng.randrange(1, 10**10) for _ in range(40)]
+    cases: list[tuple[int, int]] = []  # (interval µs, end µs after the scheduled start)
+    for every in intervals_us:
+        for k in (0, 1, 2, 3, 17, 1_000_000, rng.randrange(1, 10**6)):
+            point = k * every
+            if point > 10**15:  # over 30 years of grid: past a float's microseconds
+                continue
+            cases += [(every, point + d) for d in (-1, 0, 1) if point + d >= 0]
+            cases.append((every, point + rng.randrange(every)))
+    assert MIN_INTERVAL == 1e-6  # intervals_us starts at the shortest
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    async with PgQueue(pg_dsn, _name(), workers=0) as q:
+        rows = await q._db().fetch(
+            "SELECT i, envq.next_due('fixed_rate'::envq.schedule, e / 1e6, $1::timestamptz,"
+            " $1::timestamptz + x * interval '1 microsecond')"
+            " AS due FROM unnest($2::float8[], $3::bigint[]) WITH ORDINALITY AS t(e, x, i)"
+            " ORDER BY i",
+            base,
+            [every for every, _ in cases],
+            [end for _, end in cases],
+        )
+    ties = 0
+    for (every, end), row in zip(cases, rows, strict=True):
+        due_us = round((row["due"] - base) / dt.timedelta(microseconds=1))
+        assert due_us > end, (every, end, due_us)  # strictly after the end
+        assert due_us % every == 0, (every, end, due_us)  # on the grid
+        n_db = due_us // every
+        n_engine = fixed_rate_slot(0.0, every / 1e6, end / 1e6)
+        if end % every == 0 and end > 0:  # an end on a grid point, to the microsecond
+            ties += 1
+            assert n_db == end // every + 1, (every, end)
+            assert n_engine in (end // every, end // every + 1), (every, end, n_engine)
+        else:
+            assert n_engine == n_db, (every, end, n_engine, n_db)
+    assert ties > 100  # the boundary class was drawn
+
+
 @pytest.mark.parametrize(
     "schedule",
     [envq.FIXED_RATE, envq.Cron("0 0 3 * * *")],
