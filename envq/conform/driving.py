@@ -71,11 +71,16 @@ async def play(
         if plan is Plan.HANG:
             gate = asyncio.Event()
             holder: list[Plan] = []
-            gates[name] = (gate, holder)
+            entry = (gate, holder)
+            gates[name] = entry
             try:
                 await gate.wait()
             finally:
-                gates.pop(name, None)
+                # Only its own gate: a later attempt of the same envelope (run again
+                # after this one's lease lapsed or its stop was committed) may already
+                # hang on a gate of its own, which ``release`` must still find.
+                if gates.get(name) is entry:
+                    del gates[name]
             return holder[0]
     except asyncio.CancelledError:
         observe("cancelled", env=name)

@@ -274,6 +274,7 @@ class Harness:
         if coverage is not None:
             self.oracle.coverage = coverage
         self.guard = GUARD_REAL if real_clock else GUARD_VIRTUAL
+        self.real_clock = real_clock
         self.log: list[dict[str, Any]] = []
         self.known: list[Violation] = [] if known is None else known
         self.closed = False
@@ -293,6 +294,7 @@ class Harness:
         check: Callable[[dict[str, Any]], None] | None = None,
         calling: QueueCall | None = None,
         prepare: Callable[[], None] | None = None,
+        answered: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Send one command: feed the oracle the observations made before the call took
         effect, run ``prepare`` (what the call should do, predicted from the queue as
@@ -303,7 +305,10 @@ class Harness:
         A port on the real clock goes on between commands: an envelope may fall due,
         start or end after the previous answer and before the call reaches the queue.
         Such a port says so with ``effect`` (the observations before the call took
-        effect); without it the call is predicted from the previous answer."""
+        effect); without it the call is predicted from the previous answer.
+
+        ``answered`` sees the response before any of its observations: what the call
+        did where the port alone knows it (whether a ``release`` found its attempt)."""
         self.log.append(command)
         try:
             response = self.driver.call(command)
@@ -316,6 +321,8 @@ class Harness:
             raise
         if response.get("error") == "DriverError":
             raise Violation("protocol", f"{command['cmd']}: {response.get('message')}")
+        if answered is not None:
+            self._checked(lambda: answered(response))
         events = response.get("events", [])
         at = int(response.get("at", len(events)))
         effect = int(response.get("effect", 0))
@@ -622,14 +629,28 @@ class Harness:
         self._call({"cmd": "reclaim"}, check)
 
     def release(self, name: str, plan: Plan) -> None:
-        """Let a hanging attempt go on with ``plan``."""
-        self.oracle.release(name, plan)
+        """Let a hanging attempt go on with ``plan``.
 
-        def check(response: dict[str, Any]) -> None:
-            if response.get("result") is not True:
+        On the real clock the port goes on between commands: an attempt the model still
+        sees hanging may already be ending by its deadline, a cancel or (a port with
+        leases) a lapsed lease, its end not yet reported. The port's "not hanging" is
+        then believed, and the attempt's end must follow; it is a violation only where
+        nothing but a release could end the attempt."""
+        oracle = self.oracle
+        attempt = oracle.tracks[name].attempt
+        deadline = oracle.tracks[name].spec.deadline
+
+        def answered(response: dict[str, Any]) -> None:
+            if response.get("result") is True:
+                oracle.release(name, plan)
+                return
+            may_end = attempt is not None and (
+                deadline > 0 or attempt.cancel_cause is not None or oracle.leases
+            )
+            if not (self.real_clock and may_end):
                 raise Violation("protocol", f"{name} was not hanging")
 
-        self._call({"cmd": "release", "env": name, "plan": plan.value}, check)
+        self._call({"cmd": "release", "env": name, "plan": plan.value}, answered=answered)
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` pass; then nothing may still wait past its due time (a port

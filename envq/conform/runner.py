@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import math
+import re
 import sys
 import threading
 import time
@@ -402,7 +403,7 @@ def minimise(
                 start = max(1, end - size)
                 candidate = script[:start] + script[end:]
                 found = violation(candidate)
-                if found is not None and (found.check, found.row) == (finding.check, finding.row):
+                if found is not None and same_failure(found, finding):
                     script, message, shorter = candidate, found.message, True
                 end = start
             if size == 1:
@@ -411,6 +412,22 @@ def minimise(
         if not shorter:
             break
     return attrs.evolve(finding, script=tuple(script), message=message)
+
+
+_NUMBERS: Final = re.compile(r"\d+(?:\.\d+)?")
+
+
+def same_failure(found: Violation, finding: Finding) -> bool:
+    """Whether a shorter script's ``found`` violation is the ``finding`` being shrunk:
+    the same check and row and, for a ``protocol`` finding (whose row says nothing),
+    the same message up to its numbers. Deleting a command the protocol needs (the
+    ``queue`` before a ``stats``) makes the driver refuse the script; that refusal is
+    another failure, and a shrink never trades the failure it shrinks for another."""
+    if (found.check, found.row) != (finding.check, finding.row):
+        return False
+    if found.check != "protocol":
+        return True
+    return _NUMBERS.sub("#", found.message) == _NUMBERS.sub("#", finding.message)
 
 
 def _in(violation: Violation, keys: Iterable[str]) -> bool:

@@ -5,6 +5,7 @@ queue; ``lend``/``reclaim`` need no ``queue`` first."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import subprocess
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from envq.conform.driving import Gates, play
+from envq.conform.protocol import Plan
 from envq.driver import Session, answer, serve
 
 
@@ -145,3 +148,36 @@ def test_an_unforeseen_failure_is_answered() -> None:
     response, _ = answer(session, json.dumps(HELLO))
     assert response["ok"] is True
     session.close()
+
+
+def test_an_attempt_ending_late_leaves_the_next_attempts_gate_in_place() -> None:
+    """Two attempts of one envelope hang in turn (the first still unwinding when the
+    second starts, as when a lease lapsed): the first one's end must not remove the
+    second one's gate, or ``release`` answers that an attempt in flight does not hang."""
+
+    async def go() -> bool:
+        gates: Gates = {}
+        seen: list[str] = []
+
+        def observe(kind: str, **_: Any) -> None:
+            seen.append(kind)
+
+        first = asyncio.create_task(play(Plan.HANG, "e3", gates, observe, float))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(play(Plan.HANG, "e3", gates, observe, float))
+        await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        assert seen == ["cancelled"]
+        still = "e3" in gates
+        if not still:
+            second.cancel()
+            await asyncio.gather(second, return_exceptions=True)
+            return False
+        gate, holder = gates["e3"]
+        holder.append(Plan.OK)
+        gate.set()
+        assert await second is Plan.OK
+        return True
+
+    assert asyncio.run(go()) is True

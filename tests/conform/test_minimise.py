@@ -1,0 +1,98 @@
+"""``minimise`` shortens a finding's script without trading its failure for another:
+deleting a command the protocol needs (the ``queue`` before everything else) makes the
+driver refuse the script, and that refusal is not the finding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envq.conform.harness import Harness
+from envq.conform.oracle import Violation
+from envq.conform.protocol import EnvSpec, Plan, QueueConfig
+from envq.conform.runner import Finding, Options, minimise, same_failure
+from envq.conform.transport import InProcessDriver
+from envq.driver import Session
+
+
+class ForgetsHangs(Session):
+    """Answers every ``release`` with "not hanging" and leaves the attempt hanging (a
+    port that loses its gates)."""
+
+    def cmd_release(self, command: dict[str, Any]) -> bool:
+        return False
+
+
+SCRIPT: tuple[dict[str, Any], ...] = (
+    {"cmd": "hello", "protocol": 1, "time_scale": 0.05},
+    {"cmd": "queue", "workers": 2, "capacity": 0, "stop_mode": "drain", "wait": True},
+    {"cmd": "define", "env": "e1", "spec": {"script": ["ok"]}},
+    {"cmd": "define", "env": "e2", "spec": {"script": ["hang"]}},
+    {"cmd": "start"},
+    {"cmd": "send", "envs": ["e1"]},
+    {"cmd": "stats"},
+    {"cmd": "send", "envs": ["e2"]},
+    {"cmd": "advance", "seconds": 1},
+    {"cmd": "stats"},
+    {"cmd": "release", "env": "e2", "plan": "ok"},
+    {"cmd": "stats"},
+)
+
+
+def test_a_protocol_finding_shrinks_to_itself_keeping_the_queue() -> None:
+    finding = Finding("protocol", None, "e2 was not hanging", SCRIPT)
+    short = minimise(lambda: InProcessDriver(ForgetsHangs), finding, Options())
+    assert short.message == "e2 was not hanging"
+    commands = [c["cmd"] for c in short.script]
+    # What the failure needs stays (a queue, a hanging e2 started and released); what
+    # it does not (e1, the checks between steps, the release's aftermath) goes.
+    assert commands[:2] == ["hello", "queue"]
+    assert "release" in commands
+    assert "start" in commands
+    assert "e1" not in str(short.script)
+    assert len(short.script) < len(SCRIPT) - 3
+
+
+def test_a_protocol_refusal_is_not_the_same_failure_as_another() -> None:
+    finding = Finding("protocol", None, "e2 was not hanging", SCRIPT)
+    assert same_failure(Violation("protocol", "e14 was not hanging"), finding)
+    assert not same_failure(Violation("protocol", "stats: no queue"), finding)
+    assert not same_failure(Violation("I7", "e2 was not hanging"), finding)
+    row = Finding("I7", "OUTCOMES[ONE_OFF,OK]", "e2: ok twice", SCRIPT)
+    # A table row names the failure: its message may change as the script shortens.
+    assert same_failure(Violation("I7", "e5: other words", "OUTCOMES[ONE_OFF,OK]"), row)
+    assert not same_failure(Violation("I7", "e2: ok twice", "OUTCOMES[ONE_OFF,STOP]"), row)
+
+
+def _released(deadline: float, *, real_clock: bool) -> Violation | None:
+    """Release a hanging attempt of ``ForgetsHangs`` (the envelope has ``deadline``),
+    then let the deadline pass; the violation raised, if any."""
+    harness = Harness(InProcessDriver(ForgetsHangs), real_clock=real_clock)
+    try:
+        harness.queue(QueueConfig(workers=1, capacity=0, stop_mode="drain", wait=True))
+        harness.define("e1", EnvSpec(script=(Plan.HANG,), deadline=deadline))
+        harness.start()
+        harness.send(["e1"])
+        harness.advance(1)
+        harness.release("e1", Plan.OK)
+        harness.advance(deadline + 1)
+        harness.stats()
+    except Violation as exc:
+        return exc
+    finally:
+        harness.close()
+    return None
+
+
+def test_on_the_real_clock_not_hanging_is_believed_where_the_attempt_may_be_ending() -> None:
+    # Its deadline may have cut the attempt before the release reached the port: the
+    # answer is believed, and the attempt's end by its deadline is what follows.
+    assert _released(3, real_clock=True) is None
+    # Nothing but a release ends an attempt without a deadline: a port that says it
+    # does not hang is wrong, on either clock.
+    found = _released(0, real_clock=True)
+    assert found is not None
+    assert (found.check, found.message) == ("protocol", "e1 was not hanging")
+    # On the virtual clock the harness's picture is the port's: always a violation.
+    found = _released(3, real_clock=False)
+    assert found is not None
+    assert found.message == "e1 was not hanging"
