@@ -172,9 +172,10 @@ def _result_problem(cmd: object, result: object) -> str | None:
                 return _field(features, "result.features", "a list of names")
             if not isinstance(result.get("divergences", []), list):
                 return _field(result.get("divergences"), "result.divergences", "a list")
-            latency = result.get("cancel_latency", 0.0)
-            if not _is_number(latency) or not 0 <= float(latency) < math.inf:
-                return _field(latency, "result.cancel_latency", "model seconds, 0 or more")
+            for name in ("cancel_latency", "due_latency"):
+                latency = result.get(name, 0.0)
+                if not _is_number(latency) or not 0 <= float(latency) < math.inf:
+                    return _field(latency, f"result.{name}", "model seconds, 0 or more")
     elif cmd == "release" and not isinstance(result, bool):
         return _field(result, "result", "true or false")
     elif cmd == "reclaim" and (
@@ -285,6 +286,8 @@ class Harness:
         self.oracle.leases = self.has("leases")
         if self.has("late_cancel"):
             self.oracle.cancel_latency = float(answer.get("cancel_latency", 0.0))
+        if self.has("late_due"):
+            self.oracle.due_latency = float(answer.get("due_latency", 0.0))
 
     # -- plumbing ---------------------------------------------------------------------
 

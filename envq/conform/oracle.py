@@ -563,6 +563,9 @@ class Oracle:
         #: How long a stop's or terminate's cancel may take to reach an attempt in
         #: flight (a port that declared ``late_cancel``; 0: at once).
         self.cancel_latency = cancel_latency
+        #: How late after its due time a delayed envelope may become ready (a port
+        #: that declared ``late_due``; 0: on time, within ``tolerance``). Never early.
+        self.due_latency = 0.0
         self.coverage = Coverage()
         self.tracks: dict[str, Track] = {}
         self.config = QueueConfig()
@@ -802,7 +805,8 @@ class Oracle:
         elif event is EnvEvent.DUE:
             _check(self.life is QS.RUNNING, "I6", f"{name}: due while {self.life.name}")
             _check(
-                math.isinf(t.due) or abs(now - t.due) <= self.tolerance,
+                math.isinf(t.due)
+                or -self.tolerance <= now - t.due <= self.tolerance + self.due_latency,
                 "I7",
                 f"{name}: due at {t.due:g}, became ready at {now:g}",
             )
@@ -1083,7 +1087,7 @@ class Oracle:
         """No envelope still DELAYED past its due time at ``now`` (the port's time;
         default: the last observation's)."""
         self.now = self.now if now is None else max(self.now, now)
-        _check_due(self.in_state(ES.DELAYED), self.now, self.tolerance)
+        _check_due(self.in_state(ES.DELAYED), self.now, self.tolerance + self.due_latency)
 
     def check_invariants(self, stats: Mapping[str, Any] | None) -> None:
         """The invariants after a step, against the port's statistics (None: the port

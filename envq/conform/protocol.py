@@ -77,6 +77,11 @@ FEATURES: Final[Mapping[str, str]] = {
         " rather than CANCELLED, and one ending that soon after its type's ban may have"
         " had its on_failure called"
     ),
+    "late_due": (
+        "a delayed envelope becomes ready up to `due_latency` model seconds (in hello's"
+        " answer) after its due time: one of the port's processes moves it when it next"
+        " looks (a poll and a statement)"
+    ),
 }
 
 #: The features only a queue whose store several processes share can have (its
@@ -85,7 +90,7 @@ FEATURES: Final[Mapping[str, str]] = {
 #: feature but these. The harness generates nothing for them: no plan makes a lease
 #: expire, so an ``expired`` outcome is never scripted, only reported by a port that
 #: declares ``leases`` (another of its processes reaped the attempt).
-SHARED_STORE_FEATURES: Final[frozenset[str]] = frozenset({"leases", "late_cancel"})
+SHARED_STORE_FEATURES: Final[frozenset[str]] = frozenset({"leases", "late_cancel", "late_due"})
 
 
 #: The protocol's names for what a call raises (language-neutral; envq's class names

@@ -582,6 +582,13 @@ def report(
                 out.write("```\n")
         return
     out.write(head + "\n")
+    declared = [
+        f"{what} within {float(driver[name]):g} model s"
+        for name, what in (("cancel_latency", "cancels"), ("due_latency", "due moves"))
+        if driver.get(name)
+    ]
+    if declared:
+        out.write(f"the port's declared bounds: {', '.join(declared)}\n")
     if result.error:
         out.write(f"driver error: {result.error}\n")
         if result.error_script:

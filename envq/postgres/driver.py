@@ -113,6 +113,7 @@ FEATURES: Final = (
     "stop_type",
     "terminate_handback",
     "late_cancel",
+    "late_due",
     "leases",
 )
 
@@ -174,6 +175,11 @@ SETTLE_SHARE: Final = 0.1
 SETTLE_MAX: Final = 0.5
 
 log = logging.getLogger("envq.postgres.driver")
+
+
+#: Real seconds a keeper's statement may take on a loaded machine (a round trip to the
+#: server and a commit): with two polls, how late a due move may land (``due_latency``).
+STATEMENT_S: Final = 0.02
 
 
 def real_poll(scale: float) -> float:
@@ -670,6 +676,9 @@ class Session:
             "features": list(FEATURES),
             "divergences": [dict(d) for d in DIVERGENCES],
             "cancel_latency": 2 * real_poll(self.scale) / self.scale,
+            # A keeper moves a due envelope at its next round (within a poll of the
+            # due time), in a statement of its own.
+            "due_latency": (2 * real_poll(self.scale) + STATEMENT_S) / self.scale,
         }
 
     async def cmd_queue(self, command: dict[str, Any]) -> None:

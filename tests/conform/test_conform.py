@@ -330,6 +330,16 @@ class TestReports:
         assert "OUTCOMES[PERIODIC,OK]" in text
         for i in range(1, 9):
             assert f"  I{i} " in text
+        assert "declared bounds" not in text  # the reference driver declares none
+
+    def test_text_report_states_the_ports_declared_bounds(self) -> None:
+        """A port's declared bounds widen what the oracle accepts: the report says so."""
+        out = io.StringIO()
+        report(Result(driver={"driver": "p", "cancel_latency": 0.2, "due_latency": 0.6}), out)
+        lines = out.getvalue().splitlines()
+        assert lines[1] == (
+            "the port's declared bounds: cancels within 0.2 model s, due moves within 0.6 model s"
+        )
 
     def test_markdown_report(self, failed: Result) -> None:
         out = io.StringIO()
