@@ -35,6 +35,7 @@ from envq._config import DeadLetter
 from envq._crew import HOSTED
 from envq._envelope import Envelope, Stamp
 from envq._machine import (
+    LIVE_STATES,
     RELABEL,
     CancelCause,
     DecisionKind,
@@ -43,6 +44,7 @@ from envq._machine import (
     Kind,
     Outcome,
     QueueState,
+    queue_move,
 )
 from envq._notify import to_dead_letter
 from envq._timers import Deadlines
@@ -965,6 +967,22 @@ def _ask_to_stop(w: Worker, cause: CancelCause) -> None:
         w.task.cancel()
 
 
+#: A ban's relabelling, generated from the tables as the in-process
+#: ``Settler.blacklist_type`` reads them: the live envelopes its ``BLACKLIST`` event does
+#: not move (an attempt in flight) have their row group relabelled (``RELABEL``); the
+#: others move by the trigger's ``envelope_target``, generated from the same table.
+_BAN_RELABEL: Final = (
+    f"UPDATE envq.envelopes SET kind = '{RELABEL[EnvEvent.BLACKLIST].value}'"
+    " WHERE queue = $1 AND type = $2 AND state IN ("
+    + ", ".join(
+        f"'{s.value}'"
+        for s in sorted(LIVE_STATES, key=lambda s: s.value)
+        if queue_move(s, EnvEvent.BLACKLIST) is None
+    )
+    + ")"
+)
+
+
 async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
     """Blacklist a type in the shared queue, in one transaction: its live envelopes are
     stopped, and the attempts of it in flight end STOPPED (their row group is
@@ -976,12 +994,7 @@ async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
             queue,
             type_,
         )
-        await conn.execute(
-            "UPDATE envq.envelopes AS e SET kind = 'blacklisted'"
-            " WHERE queue = $1 AND type = $2 AND state = 'running'",
-            queue,
-            type_,
-        )
+        await conn.execute(_BAN_RELABEL, queue, type_)
         await conn.execute(
             "UPDATE envq.envelopes AS e"
             " SET state = envq.envelope_target(e.state, 'blacklist', e.kind, q.state,"
