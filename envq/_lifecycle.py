@@ -22,12 +22,12 @@ from envq._crew import Crew
 from envq._envelope import Envelope
 from envq._listeners import Listeners
 from envq._machine import (
+    BROADCASTS,
     INITIAL_QUEUE,
     LIFECYCLE,
     SETTLED,
     STAYING,
     CancelCause,
-    EnvEvent,
     EnvState,
     LifeAction,
     LifeRow,
@@ -209,11 +209,14 @@ class Lifecycle:
         # behind the earlier ones.
         self.set_state(row.target, pump=False)
         self._crew.spawn(loop)
+        # The event a start applies to the live envelopes, read off the table both
+        # stores share (a start arms, a stop parks, a terminate hands back).
+        (arms,) = BROADCASTS[LifeAction.ARM]
         for env, rec in list(self._live.items()):
             delay = delays[env]
-            to = _machine.queue_move(rec.state, EnvEvent.START, delay > 0)
+            to = _machine.queue_move(rec.state, arms, delay > 0)
             assert to is not None, rec.state
-            self._mover.enter(env, rec, EnvEvent.START, to, delay)
+            self._mover.enter(env, rec, arms, to, delay)
         if self._admission.waiters:
             self._admission.pump()
 
@@ -231,25 +234,26 @@ class Lifecycle:
     def escalate(self, cause: CancelCause | None) -> asyncio.Future[None]:
         run = self.run
         assert run is not None
-        self.park(StopMode.STOP)
+        self.park(StopMode.STOP, LifeAction.ESCALATE)
         run.spared = None  # terminate spares nobody
         self.cancel_in_flight(cause)
         self.check_drained()
         return run.done
 
-    def park(self, mode: StopMode) -> None:
+    def park(self, mode: StopMode, action: LifeAction = LifeAction.BEGIN_STOP) -> None:
         """Park what a stop in ``mode`` parks (the STOP rows of ``QUEUE_MOVES``: delayed
         envelopes, and ready ones too in STOP mode), in admission order."""
         move = _machine.queue_move
-        if move(_READY, EnvEvent.STOP, mode) is not None:
+        (parks,) = BROADCASTS[action]
+        if move(_READY, parks, mode) is not None:
             self._store.drop_ready()
         now = self._host._bound_loop().time()
         for env, rec in self._live.items():
-            to = move(rec.state, EnvEvent.STOP, mode)
+            to = move(rec.state, parks, mode)
             if to is not None:
                 rec.tick = 0
                 remaining = max(0.0, rec.due - now) if rec.state is _DELAYED else 0.0
-                self._mover.move(env, rec, EnvEvent.STOP, to)
+                self._mover.move(env, rec, parks, to)
                 rec.due = remaining
         # Both modes park every DELAYED envelope: no entry of the delay heap is live.
         self._store.drop_delays()
@@ -278,10 +282,11 @@ class Lifecycle:
         # State first: waiting producers must see TERMINATED, not the room handing
         # back frees.
         self.set_state(row.target)
+        (hands_back,) = BROADCASTS[LifeAction.HAND_BACK]
         for env, rec in list(self._live.items()):
-            to = _machine.queue_move(rec.state, EnvEvent.TERMINATE)
+            to = _machine.queue_move(rec.state, hands_back)
             assert to is not None, rec.state
-            self._mover.enter(env, rec, EnvEvent.TERMINATE, to)
+            self._mover.enter(env, rec, hands_back, to)
         self._threads.shutdown()
         self._deadlines.disarm()
         self.wake_stopped()

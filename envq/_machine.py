@@ -83,6 +83,7 @@ STRICT = False
 
 __all__ = [
     "ARMED",
+    "BROADCASTS",
     "DECISION_TARGET",
     "DISPATCHING",
     "ENVELOPE_MOVES",
@@ -292,6 +293,23 @@ class LifeAction(_Enum):
     ESCALATE = "escalate"
     #: Hand back every envelope still held and end.
     HAND_BACK = "hand_back"
+
+
+#: The envelope events a lifecycle action applies to every live envelope of the queue,
+#: in order (each envelope moves where ``QUEUE_MOVES`` leads; one in flight is left to
+#: its attempt). Both stores read it: the in-process ``Lifecycle`` and the PostgreSQL
+#: store's lifecycle call (which applies each event with ``envq.broadcast``). The
+#: two-step actions (``STOP_THEN_TERMINATE``, ``ESCALATE_THEN_TERMINATE``) are not
+#: listed: both stores perform them as a stop (``BEGIN_STOP``, ``ESCALATE``), then, once
+#: it has ended, the ``HAND_BACK`` of a terminate. Any other action moves no envelope.
+BROADCASTS: Final[Mapping[LifeAction, tuple[EnvEvent, ...]]] = MappingProxyType(
+    {
+        LifeAction.ARM: (EnvEvent.START,),
+        LifeAction.BEGIN_STOP: (EnvEvent.STOP,),
+        LifeAction.ESCALATE: (EnvEvent.STOP,),
+        LifeAction.HAND_BACK: (EnvEvent.TERMINATE,),
+    }
+)
 
 
 @attrs.frozen

@@ -121,6 +121,7 @@ TABLES: Final = (
     "QUEUE_MOVES",
     "KIND_OF",
     "RELABEL",
+    "BROADCASTS",
     "TYPELESS",
     "ENVELOPE_MOVES",
     "TAKES_BACK",
@@ -312,6 +313,15 @@ def mutants() -> list[Mutant]:
             for group in m.Kind:
                 if group is not kind:
                     out.append(_set(table, key, f"→{kind.name}", group, f"→{group.name}"))
+    # BROADCASTS: the events a lifecycle action applies → another one of them, or none.
+    events = sorted({e for evs in m.BROADCASTS.values() for e in evs}, key=lambda e: e.name)
+    for key, applied in m.BROADCASTS.items():
+        was = f"→{_name(applied)}"
+        if len(applied) == 1:
+            for event in events:
+                if (event,) != applied:
+                    out.append(_set("BROADCASTS", key, was, (event,), f"→{event.name}"))
+        out.append(_drop("BROADCASTS", key, was))
     out += _envelope_move_mutants(m)
     out += _set_mutants(m)
     return out

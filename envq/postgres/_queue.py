@@ -55,6 +55,7 @@ from envq._errors import (
 )
 from envq._listeners import Listener
 from envq._machine import (
+    BROADCASTS,
     INITIAL,
     LIFECYCLE,
     QUEUE_MOVES,
@@ -119,16 +120,6 @@ log = logging.getLogger("envq.postgres")
 #: How long a queue keeps its ended envelopes and its journal's rows by default.
 RETENTION: Final = dt.timedelta(days=7)
 
-
-#: The envelope events a lifecycle action applies to every live envelope of the
-#: queue (each moves where the tables lead; RUNNING ones are left to their attempts).
-BROADCASTS: Final[Mapping[LifeAction, tuple[EnvEvent, ...]]] = {
-    LifeAction.ARM: (EnvEvent.START,),
-    LifeAction.BEGIN_STOP: (EnvEvent.STOP,),
-    LifeAction.HAND_BACK: (EnvEvent.TERMINATE,),
-    LifeAction.STOP_THEN_TERMINATE: (EnvEvent.STOP, EnvEvent.TERMINATE),
-    LifeAction.ESCALATE_THEN_TERMINATE: (EnvEvent.STOP, EnvEvent.TERMINATE),
-}
 
 #: Who cancels the attempts in flight after a lifecycle call (every node cancels
 #: its own): terminate always, a stop only when asked to.
@@ -450,11 +441,12 @@ class PgQueue(PgSessions, PgOperatorCalls, PgObservation):
                     " WHERE name = $1 AND state = 'stopping'",
                     self.name,
                 )
-                await conn.execute(
-                    "SELECT envq.broadcast($1, $2::envq.envelope_event)",
-                    self.name,
-                    event_label(EnvEvent.STOP),
-                )
+                for event in BROADCASTS[LifeAction.ESCALATE]:
+                    await conn.execute(
+                        "SELECT envq.broadcast($1, $2::envq.envelope_event)",
+                        self.name,
+                        event_label(event),
+                    )
             self._node.wake()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import envq
-from envq._machine import DecisionKind
+from envq._machine import BROADCASTS, LIVE_STATES, QUEUE_MOVES, DecisionKind, LifeAction
 from envq._rules import Room, by_policy, exhausted, failures_in_a_row, hook_number, refusal, room
 
 LIMITED = envq.Retry(attempts=3, base=1.0, cap=30.0, jitter=False)
@@ -146,3 +146,24 @@ async def test_a_batch_that_never_fits_is_refused_in_the_rules_words_in_process(
 
 async def _noop() -> None:
     pass
+
+
+class TestBroadcasts:
+    """Which envelopes a lifecycle call moves: one table both stores read."""
+
+    def test_a_stop_escalated_parks_as_a_stop_begun(self) -> None:
+        assert BROADCASTS[LifeAction.ESCALATE] == BROADCASTS[LifeAction.BEGIN_STOP]
+
+    def test_every_event_broadcast_has_rows_to_follow(self) -> None:
+        for action, events in BROADCASTS.items():
+            for event in events:
+                moved = {state for (state, ev) in QUEUE_MOVES if ev is event}
+                assert moved & LIVE_STATES, (action, event)
+
+    def test_an_action_that_moves_no_envelope_is_not_listed(self) -> None:
+        quiet = {LifeAction.NOTHING, LifeAction.REJECT, LifeAction.AWAIT_STOP}
+        quiet |= {LifeAction.FINISH_STOP, LifeAction.BUFFER, LifeAction.ADMIT}
+        # Performed as their two steps, each of which is listed.
+        quiet |= {LifeAction.STOP_THEN_TERMINATE, LifeAction.ESCALATE_THEN_TERMINATE}
+        assert not quiet & set(BROADCASTS)
+        assert set(BROADCASTS) | quiet == set(LifeAction)
