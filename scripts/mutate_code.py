@@ -144,16 +144,16 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-drain-parks-ready",
         "_lifecycle.py",
-        "        if move(_READY, EnvEvent.STOP, mode) is not None:\n"
+        "        if move(_READY, parks, mode) is not None:\n"
         "            self._store.drop_ready()\n"
         "        now = self._host._bound_loop().time()\n"
         "        for env, rec in self._live.items():\n"
-        "            to = move(rec.state, EnvEvent.STOP, mode)\n",
-        "        if move(_READY, EnvEvent.STOP, StopMode.STOP) is not None:\n"
+        "            to = move(rec.state, parks, mode)\n",
+        "        if move(_READY, parks, StopMode.STOP) is not None:\n"
         "            self._store.drop_ready()\n"
         "        now = self._host._bound_loop().time()\n"
         "        for env, rec in self._live.items():\n"
-        "            to = move(rec.state, EnvEvent.STOP, StopMode.STOP)\n",
+        "            to = move(rec.state, parks, StopMode.STOP)\n",
         "a DRAIN stop parks the ready envelopes instead of running them (the ready queue"
         " still holds them)",
     ),
