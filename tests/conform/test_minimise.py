@@ -1,6 +1,11 @@
-"""``minimise`` shortens a finding's script without trading its failure for another:
+"""What the harness makes of a finding and of a real-clock port.
+
+``minimise`` shortens a finding's script without trading its failure for another:
 deleting a command the protocol needs (the ``queue`` before everything else) makes the
-driver refuse the script, and that refusal is not the finding."""
+driver refuse the script, and that refusal is not the finding. A real-clock port goes
+on between commands: its answers are believed where the harness's picture may lag (a
+``release`` of an attempt already ending, a ``send_wait`` refused for a ban that came
+meanwhile), and are violations where nothing could have happened in between."""
 
 from __future__ import annotations
 
@@ -96,3 +101,56 @@ def test_on_the_real_clock_not_hanging_is_believed_where_the_attempt_may_be_endi
     found = _released(3, real_clock=False)
     assert found is not None
     assert found.message == "e1 was not hanging"
+
+
+class GoesOnBetweenCommands:
+    """The reference driver (virtual clock) as a real-clock port looks to the harness:
+    before a ``send_wait`` takes effect, ``ahead`` model seconds pass that the harness
+    has not asked for; their observations come first in the answer."""
+
+    def __init__(self, ahead: float) -> None:
+        self.inner = InProcessDriver(Session)
+        self.ahead = ahead
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        if command.get("cmd") != "send_wait":
+            return self.inner.call(command)
+        went_on = self.inner.call({"cmd": "advance", "seconds": self.ahead})
+        response = self.inner.call(command)
+        early = went_on.get("events", [])
+        response["events"] = early + response.get("events", [])
+        response["at"] = len(early) + int(response.get("at", 0))
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _banned_meanwhile(*, real_clock: bool) -> Violation | None:
+    """e1 of type t raises StopType one second after it is sent; e2 of type t is then
+    sent with send_wait before the harness has asked for that second."""
+    harness = Harness(GoesOnBetweenCommands(1.5), real_clock=real_clock)
+    try:
+        harness.queue(QueueConfig(workers=1, capacity=0, stop_mode="drain", wait=True))
+        harness.define("e1", EnvSpec(type="t", delay=1, script=(Plan.STOP_TYPE,)))
+        harness.define("e2", EnvSpec(type="t", script=(Plan.OK,)))
+        harness.start()
+        harness.send(["e1"])
+        harness.send_wait(["e2"], 1)
+        harness.stats()
+    except Violation as exc:
+        return exc
+    finally:
+        harness.close()
+    return None
+
+
+def test_on_the_real_clock_a_ban_that_came_before_a_send_wait_refuses_it() -> None:
+    # The port saw the ban before the call took effect; the model, a step behind,
+    # predicted the batch admitted at once. The ban is in the call's observations.
+    assert _banned_meanwhile(real_clock=True) is None
+    # On the virtual clock nothing happens between two commands: a refusal of a batch
+    # the model admits at once is a violation.
+    found = _banned_meanwhile(real_clock=False)
+    assert found is not None
+    assert (found.check, found.message) == ("I7", "send_wait() answered 'type_blacklisted'")
