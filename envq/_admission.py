@@ -169,13 +169,8 @@ class Admission:
                     return -1
             elif over or self.waiters:
                 live_n = len(self.live)
-                if over:
-                    why = refusal(room(live_n, count, self.capacity), live_n, count, self.capacity)
-                else:
-                    why = (
-                        f"producers are waiting in send_wait for {count} envelope(s): "
-                        f"{live_n} of {self.capacity} used"
-                    )
+                verdict = room(live_n, count, self.capacity, waiting=bool(self.waiters))
+                why = refusal(verdict, live_n, count, self.capacity)
                 self.reject(Rejection.CAPACITY, CapacityExceeded, f"{why} ({fresh[0].label()})")
         live = self.live
         first = seq = self._seq

@@ -84,19 +84,30 @@ class Room(enum.Enum):
     FULL = "full"
     #: Never: more new envelopes than the capacity itself.
     NEVER = "never"
+    #: They would fit, but producers wait for room ahead of them (``send_wait``): a
+    #: plain send does not overtake them. Only a store with such a line of waiting
+    #: producers (the in-process queue) gives it.
+    BEHIND = "behind"
 
 
-def room(live: int, fresh: int, capacity: int) -> Room:
+def room(live: int, fresh: int, capacity: int, *, waiting: bool = False) -> Room:
     """Whether ``fresh`` new envelopes (dedups not counted) fit beside ``live`` live ones
-    in ``capacity`` (0: no capacity)."""
-    if not capacity or not fresh or live + fresh <= capacity:
+    in ``capacity`` (0: no capacity); ``waiting``: producers wait for room ahead of
+    them."""
+    if not capacity or not fresh:
         return Room.FITS
+    if live + fresh <= capacity:
+        return Room.BEHIND if waiting else Room.FITS
     return Room.NEVER if fresh > capacity else Room.FULL
 
 
 def refusal(verdict: Room, live: int, fresh: int, capacity: int, *, doing: str = "") -> str:
-    """The words of a capacity refusal (``verdict`` FULL or NEVER), after the queue's
-    name: ``doing`` names what was refused when it is not a send (``"retry"``)."""
+    """The words of a capacity refusal (``verdict`` FULL, NEVER or BEHIND), after the
+    queue's name: ``doing`` names what was refused when it is not a send (``"retry"``)."""
+    if verdict is Room.BEHIND:
+        return (
+            f"producers are waiting in send_wait for {fresh} envelope(s): {live} of {capacity} used"
+        )
     if verdict is Room.NEVER:
         to = f" to {doing}" if doing else ""
         return f"a batch of {fresh} new envelope(s){to} can never fit the capacity of {capacity}"

@@ -108,6 +108,12 @@ def test_whether_a_batch_fits_the_capacity(
     live: int, fresh: int, capacity: int, expected: Room
 ) -> None:
     assert room(live, fresh, capacity) is expected
+    # Producers waiting ahead change only a batch that would fit: it goes behind them.
+    behind = room(live, fresh, capacity, waiting=True)
+    if expected is Room.FITS and capacity and fresh:
+        assert behind is Room.BEHIND
+    else:
+        assert behind is expected
 
 
 def test_the_words_of_a_capacity_refusal() -> None:
@@ -118,6 +124,10 @@ def test_the_words_of_a_capacity_refusal() -> None:
     assert (
         refusal(Room.NEVER, 0, 4, 3)
         == "a batch of 4 new envelope(s) can never fit the capacity of 3"
+    )
+    assert (
+        refusal(Room.BEHIND, 1, 1, 2)
+        == "producers are waiting in send_wait for 1 envelope(s): 1 of 2 used"
     )
 
 
