@@ -125,6 +125,7 @@ __all__ = [
     "Situation",
     "StopMode",
     "guard_value",
+    "moved_by",
     "put_back",
     "queue_move",
     "stop_parks",
@@ -642,6 +643,12 @@ def queue_move(state: EnvState, event: EnvEvent, value: object = None) -> EnvSta
     the event does not move an envelope in ``state``."""
     row = QUEUE_MOVES.get((state, event))
     return None if row is None else row.targets.get(value)
+
+
+def moved_by(event: EnvEvent) -> frozenset[EnvState]:
+    """The states a queue-side ``event`` has a row for in ``QUEUE_MOVES`` (a start: the
+    buffered and parked envelopes it arms, each with the wait it had left)."""
+    return frozenset(state for (state, ev) in QUEUE_MOVES if ev is event)
 
 
 def stop_parks(mode: StopMode) -> frozenset[EnvState]:

@@ -44,6 +44,7 @@ from envq._machine import (
     Kind,
     Outcome,
     QueueState,
+    moved_by,
     queue_move,
 )
 from envq._notify import to_dead_letter
@@ -132,7 +133,9 @@ SELECT seq, state::text AS state, kind::text AS kind FROM envq.envelopes
 
 #: The calendar envelopes a start arms, with the wait a buffered one had left, and the
 #: database's clock.
-_ARMED_BY_START: Final = f"'{EnvState.BUFFERED.value}', '{EnvState.PARKED.value}'"
+_ARMED_BY_START: Final = ", ".join(
+    f"'{state.value}'" for state in sorted(moved_by(EnvEvent.START), key=lambda s: s.value)
+)
 _CALENDARS: Final = f"""
 SELECT seq, cron, cron_tz, state::text AS state,
        extract(epoch FROM greatest(due_at - updated_at, interval '0'))::float8 AS wait_s,

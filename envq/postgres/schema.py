@@ -74,6 +74,7 @@ from envq._machine import (
     QueueState,
     Situation,
     StopMode,
+    moved_by,
     target,
 )
 from envq._reports import STORY_LIMIT
@@ -736,7 +737,7 @@ LANGUAGE sql AS $$
     WITH now_ AS (SELECT clock_timestamp() AS t),
     armed AS (
         SELECT e.seq,
-               CASE WHEN what = '{start}' AND e.state IN ('{buffered}', '{parked}')
+               CASE WHEN what = '{start}' AND e.state IN ({armed})
                          AND e.due_at IS NOT NULL
                     THEN n.t + greatest(e.due_at - e.updated_at, interval '0')
                     ELSE e.due_at END AS due,
@@ -842,8 +843,7 @@ def _leases() -> str:
         .replace("{expired}", event_label(Outcome.EXPIRED))
         .replace("{due}", event_label(EnvEvent.DUE))
         .replace("{start}", event_label(EnvEvent.START))
-        .replace("{buffered}", EnvState.BUFFERED.value)
-        .replace("{parked}", EnvState.PARKED.value)
+        .replace("{armed}", _in(moved_by(EnvEvent.START)))
         .replace("{live}", _in(LIVE_STATES))
         .replace("{story_limit}", str(STORY_LIMIT))
     )

@@ -6,8 +6,18 @@ from __future__ import annotations
 import pytest
 
 import envq
-from envq._machine import BROADCASTS, LIVE_STATES, QUEUE_MOVES, DecisionKind, LifeAction
+from envq._machine import (
+    BROADCASTS,
+    LIVE_STATES,
+    QUEUE_MOVES,
+    DecisionKind,
+    EnvEvent,
+    EnvState,
+    LifeAction,
+    moved_by,
+)
 from envq._rules import Room, by_policy, exhausted, failures_in_a_row, hook_number, refusal, room
+from envq.postgres import _node, schema
 
 LIMITED = envq.Retry(attempts=3, base=1.0, cap=30.0, jitter=False)
 UNLIMITED = envq.Retry(attempts=-1, base=0.5, cap=4.0, jitter=False)
@@ -177,3 +187,15 @@ class TestBroadcasts:
         quiet |= {LifeAction.STOP_THEN_TERMINATE, LifeAction.ESCALATE_THEN_TERMINATE}
         assert not quiet & set(BROADCASTS)
         assert set(BROADCASTS) | quiet == set(LifeAction)
+
+    def test_a_start_arms_what_a_stop_parked_and_the_buffer(self) -> None:
+        """The states a start arms (each with the wait it had left): the buffered and
+        parked envelopes; the PostgreSQL store's statements name the same states."""
+        armed = moved_by(EnvEvent.START)
+        assert armed == {EnvState.BUFFERED, EnvState.PARKED}
+        assert armed == {s for (s, ev) in QUEUE_MOVES if ev is EnvEvent.START}
+        assert armed.isdisjoint(moved_by(EnvEvent.SEND) - {EnvState.NEW})
+        listed = {s.strip("' ") for s in _node._ARMED_BY_START.split(",")}
+        assert listed == {s.value for s in armed}
+        sql = schema.render()
+        assert f"AND e.state IN ({', '.join(sorted(repr(s.value) for s in armed))})" in sql
