@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _conform(argv: list[str]) -> int:
     try:
-        from envq.conform.runner import main as conform_main  # noqa: PLC0415 - an extra's
+        from envq.conform.cli import main as conform_main  # noqa: PLC0415 - an extra's
     except ImportError as exc:
         sys.stderr.write(
             f"envq conform needs the conform extra ({exc.name} is missing): "

@@ -4,7 +4,8 @@
 oracle the driver's observations (those made before the call returned, then the
 rest) and checks the response against what the contract predicts. The Hypothesis
 machine (:mod:`envq.conform.machine`) calls these methods with generated arguments; a
-replay (:func:`replay`) calls them with the commands of a saved counterexample. Every
+replay (:func:`envq.conform.scripts.replay`) calls them with the commands of a saved
+counterexample. Every
 command sent is kept in :attr:`Harness.log`, which is the counterexample's script.
 
 A check that fails raises :class:`~envq.conform.oracle.Violation`, unless the port
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import json
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from envq._machine import CancelCause, EnvState, Outcome, QueueCall, QueueState, StopMode
+from envq._machine import CancelCause, QueueCall, QueueState, StopMode
 from envq.conform.oracle import LIVE, Coverage, Oracle, Violation, start_result
 from envq.conform.protocol import PROTOCOL, EnvSpec, Plan, QueueConfig, StopCall
+from envq.conform.shapes import bad_answer, shape_problem
 from envq.conform.transport import Driver, DriverCrashed, ProtocolError
 
 __all__ = [
@@ -31,12 +31,7 @@ __all__ = [
     "GUARD_VIRTUAL",
     "REAL_JITTER",
     "Harness",
-    "ScriptError",
-    "bad_answer",
-    "load_script",
     "matches",
-    "replay",
-    "shape_problem",
 ]
 
 QS = QueueState
@@ -61,169 +56,6 @@ def matches(violation: Violation, keys: Iterable[str]) -> bool:
     row = f"{violation.check} {violation.row}" if violation.row else ""
     own = {violation.check, row, f"={row or violation.check}"}
     return any(key in own for key in keys)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-_QUEUE_STATES: Final = frozenset(s.value for s in QueueState)
-_ENV_STATES: Final = frozenset(s.value for s in EnvState)
-_OUTCOMES: Final = frozenset(o.value for o in Outcome)
-_PLANS: Final = frozenset(p.value for p in Plan)
-
-
-def _field(value: object, field: str, want: str) -> str:
-    """What is wrong with ``field``: missing, or ``value`` is not ``want``."""
-    return f"field {field!r} is {_json(value)}, not {want}"
-
-
-def _json(value: object) -> str:
-    if value is _MISSING:
-        return "missing"
-    text = "null" if value is None else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_MISSING: Final = object()
-
-#: The fields each kind of observation has, and what each must be.
-_EVENT_FIELDS: Final[Mapping[str, tuple[tuple[str, str], ...]]] = {
-    "queue": (("from", "queue state"), ("to", "queue state")),
-    "move": (
-        ("env", "name"),
-        ("from", "envelope state"),
-        ("to", "envelope state"),
-        ("outcome", "outcome or null"),
-        ("cause", "name or null"),
-    ),
-    "invoke": (("env", "name"), ("plan", "plan")),
-    "cancelled": (("env", "name"),),
-    "on_failure": (("env", "name"), ("error", "name"), ("attempt", "count")),
-    "on_success": (("env", "name"), ("attempt", "count")),
-}
-
-_KINDS: Final[Mapping[str, Callable[[object], bool]]] = {
-    "queue state": lambda v: v in _QUEUE_STATES,
-    "envelope state": lambda v: v in _ENV_STATES,
-    "outcome or null": lambda v: v is None or v in _OUTCOMES,
-    "name or null": lambda v: v is None or isinstance(v, str),
-    "name": lambda v: isinstance(v, str),
-    "plan": lambda v: v in _PLANS,
-    "count": _is_count,
-}
-
-
-def _event_problem(event: object, where: str) -> str | None:
-    if not isinstance(event, dict):
-        return _field(event, where, "an object")
-    kind = event.get("kind", _MISSING)
-    if kind not in _EVENT_FIELDS:
-        return _field(kind, f"{where}.kind", f"one of {sorted(_EVENT_FIELDS)}")
-    t = event.get("t", _MISSING)
-    if not _is_number(t):
-        return _field(t, f"{where}.t", "a number")
-    for name, want in _EVENT_FIELDS[str(kind)]:
-        value = event.get(name, _MISSING)
-        if value is _MISSING and want.endswith("or null"):
-            continue
-        if not _KINDS[want](value):
-            return _field(value, f"{where}.{name}", f"a {want}")
-    return None
-
-
-def _counts_problem(value: object, field: str) -> str | None:
-    if not isinstance(value, dict) or not all(_is_count(n) for n in value.values()):
-        return _field(value, field, "an object of counts")
-    return None
-
-
-def _result_problem(cmd: object, result: object) -> str | None:
-    """What is wrong with the ``result`` of a successful ``cmd``, if anything."""
-    if cmd == "stats":
-        if not isinstance(result, dict):
-            return _field(result, "result", "an object")
-        state = result.get("state", _MISSING)
-        if state not in _QUEUE_STATES:
-            return _field(state, "result.state", "a queue state")
-        used = result.get("capacity_used", _MISSING)
-        if not _is_count(used):
-            return _field(used, "result.capacity_used", "a count")
-        for name in ("by_state", "outcomes", "rejections"):
-            if name in result and (problem := _counts_problem(result[name], f"result.{name}")):
-                return problem
-        for name in ("in_flight", "dedups"):
-            if name in result and not _is_count(result[name]):
-                return _field(result[name], f"result.{name}", "a count")
-    elif cmd in ("stop", "wait_stopped", "terminate", "hello"):
-        if not isinstance(result, dict):
-            return _field(result, "result", "an object")
-        if cmd == "terminate" and not result.get("timed_out"):
-            handed = result.get("handed_back", _MISSING)
-            if not isinstance(handed, list) or not all(isinstance(n, str) for n in handed):
-                return _field(handed, "result.handed_back", "a list of names")
-        if cmd == "hello":
-            features = result.get("features", [])
-            if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
-                return _field(features, "result.features", "a list of names")
-            if not isinstance(result.get("divergences", []), list):
-                return _field(result.get("divergences"), "result.divergences", "a list")
-            for name in ("cancel_latency", "due_latency"):
-                latency = result.get(name, 0.0)
-                if not _is_number(latency) or not 0 <= float(latency) < math.inf:
-                    return _field(latency, f"result.{name}", "model seconds, 0 or more")
-    elif cmd == "release" and not isinstance(result, bool):
-        return _field(result, "result", "true or false")
-    elif cmd == "reclaim" and (
-        not isinstance(result, list) or not all(isinstance(n, str) for n in result)
-    ):
-        return _field(result, "result", "a list of names")
-    return None
-
-
-def shape_problem(command: Mapping[str, Any], response: Mapping[str, Any]) -> str | None:
-    """What makes ``response`` (to ``command``) break the protocol's shapes: the field
-    and what is wrong with it; ``None`` if nothing. The values are not judged here,
-    only their form (the oracle judges the values)."""
-    ok = response.get("ok", _MISSING)
-    if not isinstance(ok, bool):
-        return _field(ok, "ok", "true or false")
-    if not ok and not isinstance(response.get("error"), str):
-        return _field(response.get("error", _MISSING), "error", "a name")
-    events = response.get("events", [])
-    if not isinstance(events, list):
-        return _field(events, "events", "a list")
-    for i, event in enumerate(events):
-        if problem := _event_problem(event, f"events[{i}]"):
-            return problem
-    if "at" in response:
-        at = response["at"]
-        if not _is_count(at) or at > len(events):
-            return _field(at, "at", f"a count from 0 to {len(events)} (the events)")
-    if "effect" in response:
-        effect, at = response["effect"], response.get("at", len(events))
-        if not _is_count(effect) or effect > at:
-            return _field(effect, "effect", f"a count from 0 to {at} (the events before 'at')")
-    if "t" in response and not _is_number(response["t"]):
-        return _field(response["t"], "t", "a number")
-    if ok and response.get("error") != "DriverError":
-        return _result_problem(command.get("cmd"), response.get("result", _MISSING))
-    return None
-
-
-def bad_answer(driver: Driver, command: Mapping[str, Any], problem: str) -> str:
-    """A protocol error's message: the command, what is wrong with which field, and
-    the driver's line (numbered, when the driver counts its lines)."""
-    lines = getattr(driver, "lines", None)
-    line = str(getattr(driver, "last_line", ""))
-    where = f"line {lines} of the driver's output" if lines else "the driver's answer"
-    if len(line) > 300:
-        line = line[:297] + "..."
-    return f"protocol error: the answer to {command.get('cmd')!r}: {problem}\n  {where}: {line}"
 
 
 class Harness:
@@ -691,177 +523,3 @@ class Harness:
                 raise Violation("I7", f"rejections {got} != {oracle.rejections}")
 
         self._call({"cmd": "stats"}, check)
-
-
-class ScriptError(ValueError):
-    """A saved script that cannot be replayed: not JSON lines, an unknown command, a
-    field missing or of the wrong type, an envelope used before it is defined."""
-
-
-#: Each script command's fields: the field, what it must be, and whether it may be
-#: missing.
-_SCRIPT_FIELDS: Final[Mapping[str, tuple[tuple[str, str, bool], ...]]] = {
-    "hello": (("protocol", "count", True), ("time_scale", "scale", True)),
-    "queue": (
-        ("workers", "count", True),
-        ("capacity", "count", True),
-        ("stop_mode", "mode", True),
-        ("wait", "bool", True),
-    ),
-    "define": (("env", "name", False), ("spec", "spec", False)),
-    "plan": (("env", "defined", False), ("plan", "plan", False)),
-    "start": (),
-    "send": (("envs", "defined list", False),),
-    "send_wait": (("envs", "defined list", False), ("timeout", "seconds", False)),
-    "stop": (
-        ("mode", "mode or null", True),
-        ("cancel", "bool", True),
-        ("wait", "bool or null", True),
-    ),
-    "wait_stopped": (),
-    "terminate": (),
-    "lend": (("env", "defined", False),),
-    "reclaim": (),
-    "release": (("env", "defined", False), ("plan", "plan", False)),
-    "advance": (("seconds", "seconds", False),),
-    "stats": (),
-}
-
-
-def _script_field_problem(value: object, want: str, defined: set[str]) -> str | None:
-    """What is wrong with one field of a script command (``None``: nothing)."""
-    names = value if isinstance(value, list) else [value]
-    checks: dict[str, Callable[[], bool]] = {
-        "count": lambda: _is_count(value),
-        "scale": lambda: _is_number(value) and float(value) > 0,  # type: ignore[arg-type]
-        "mode": lambda: value in ("drain", "stop"),
-        "mode or null": lambda: value is None or value in ("drain", "stop"),
-        "bool": lambda: isinstance(value, bool),
-        "bool or null": lambda: value is None or isinstance(value, bool),
-        "name": lambda: isinstance(value, str),
-        "plan": lambda: value in _PLANS,
-        "seconds": lambda: _is_number(value) and float(value) >= 0,  # type: ignore[arg-type]
-        "spec": lambda: isinstance(value, dict),
-        "defined": lambda: isinstance(value, str),
-        "defined list": lambda: isinstance(value, list) and all(isinstance(n, str) for n in names),
-    }
-    descriptions = {
-        "count": "a whole number >= 0",
-        "scale": "a number > 0",
-        "mode": '"drain" or "stop"',
-        "mode or null": '"drain", "stop" or null',
-        "bool": "true or false",
-        "bool or null": "true, false or null",
-        "name": "a name",
-        "plan": f"one of {sorted(_PLANS)}",
-        "seconds": "a finite number >= 0",
-        "spec": "an object",
-        "defined": "a name",
-        "defined list": "a list of names",
-    }
-    if not checks[want]():
-        return f"is {_json(value)}, not {descriptions[want]}"
-    if want.startswith("defined"):
-        unknown = [n for n in names if n not in defined]
-        if unknown:
-            return f"names {unknown[0]!r}, which no earlier 'define' defines"
-    return None
-
-
-def load_script(text: str, source: str = "script") -> list[dict[str, Any]]:
-    """The commands of a saved script (JSON lines, as ``envq conform`` saves them),
-    each checked before anything is sent: a :class:`ScriptError` names the line and
-    what is wrong with it. Blank lines are skipped."""
-    commands: list[dict[str, Any]] = []
-    defined: set[str] = set()
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{source}:{number}"
-        try:
-            command = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ScriptError(f"{where}: not JSON ({exc.msg}): {line[:120]!r}") from None
-        if not isinstance(command, dict):
-            raise ScriptError(f"{where}: a command is a JSON object, got {_json(command)}")
-        cmd = command.get("cmd", _MISSING)
-        if cmd not in _SCRIPT_FIELDS:
-            raise ScriptError(f"{where}: unknown command {_json(cmd)}")
-        for field, want, optional in _SCRIPT_FIELDS[str(cmd)]:
-            if field not in command:
-                if optional:
-                    continue
-                raise ScriptError(f"{where}: {cmd!r} has no field {field!r}")
-            problem = _script_field_problem(command[field], want, defined)
-            if problem is not None:
-                raise ScriptError(f"{where}: {cmd!r}: field {field!r} {problem}")
-        if cmd == "define":
-            try:
-                EnvSpec.from_json(command["spec"])
-            except (TypeError, ValueError) as exc:
-                raise ScriptError(f"{where}: 'define': field 'spec': {exc}") from None
-            defined.add(command["env"])
-        commands.append(command)
-    if not any(c["cmd"] != "hello" for c in commands):
-        raise ScriptError(f"{source}: no command to replay")
-    return commands
-
-
-def replay(harness: Harness, commands: Iterable[Mapping[str, Any]]) -> None:
-    """Play a saved script (a counterexample) through ``harness``: each command is
-    checked as when it was first generated. Raises the first violation; a command
-    that cannot be played in the state the model is in (a ``release`` of an
-    envelope that does not hang) raises :class:`ScriptError`."""
-    for number, command in enumerate(commands, 1):
-        try:
-            _replay_one(harness, command)
-        except (Violation, ScriptError):
-            raise
-        except (KeyError, TypeError, AssertionError, ValueError) as exc:
-            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            raise ScriptError(f"command {number} ({command.get('cmd')!r}): {what}") from exc
-
-
-def _replay_one(harness: Harness, command: Mapping[str, Any]) -> None:
-    cmd = command.get("cmd")
-    if cmd == "hello":
-        return
-    if cmd == "queue":
-        fields = {k: v for k, v in command.items() if k != "cmd"}
-        harness.queue(QueueConfig(**fields))
-    elif cmd == "define":
-        harness.define(str(command["env"]), EnvSpec.from_json(command["spec"]))
-    elif cmd == "plan":
-        harness.plan(str(command["env"]), Plan(command["plan"]))
-    elif cmd == "start":
-        harness.start()
-    elif cmd == "send":
-        harness.send(list(command["envs"]))
-    elif cmd == "send_wait":
-        harness.send_wait(list(command["envs"]), float(command["timeout"]))
-    elif cmd == "stop":
-        mode, cancel, wait = (
-            command.get("mode"),
-            command.get("cancel", False),
-            command.get("wait"),
-        )
-        harness.stop(StopCall(mode=mode, cancel=bool(cancel), wait=wait))
-    elif cmd == "wait_stopped":
-        harness.wait_stopped()
-    elif cmd == "terminate":
-        harness.terminate()
-    elif cmd == "lend":
-        harness.lend(str(command["env"]))
-    elif cmd == "reclaim":
-        harness.reclaim()
-    elif cmd == "release":
-        name = str(command["env"])
-        if name not in harness.oracle.hanging():
-            raise ScriptError(f"release: {name!r} has no hanging attempt in the model")
-        harness.release(name, Plan(command["plan"]))
-    elif cmd == "advance":
-        harness.advance(float(command["seconds"]))
-    elif cmd == "stats":
-        harness.stats()
-    else:
-        raise ScriptError(f"a script command envq conform does not know: {cmd!r}")

@@ -3,58 +3,41 @@
 :func:`run` asks the driver what it supports (``hello``), generates only that, and
 runs the Hypothesis machine; the first violation is shrunk to a short counterexample.
 :func:`audit` runs again and again, each time setting aside what was found, to list
-every distinct divergence of a port with its own minimal counterexample. :func:`report`
-writes the result per invariant and per table row, as text or Markdown.
+every distinct divergence of a port with its own minimal counterexample;
+:func:`minimise` shortens a finding's script. The reports are
+:mod:`envq.conform.reports`'s, the command line :mod:`envq.conform.cli`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import json
-import logging
-import math
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
 import attrs
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
-from envq._machine import ENVELOPE_MOVES, LIFECYCLE, OUTCOMES
-from envq.conform.harness import (
-    JITTER,
-    REAL_JITTER,
-    Harness,
-    ScriptError,
-    bad_answer,
-    load_script,
-    replay,
-    shape_problem,
-)
+from envq.conform.harness import JITTER, REAL_JITTER, Harness
 from envq.conform.machine import DriverFailed, Recorder, make_machine
 from envq.conform.oracle import Coverage, Violation
+from envq.conform.scripts import ScriptError, replay
+from envq.conform.shapes import bad_answer, shape_problem
 from envq.conform.strategies import Profile
 from envq.conform.transport import (
     Driver,
     DriverCrashed,
-    InProcessDriver,
     ProtocolError,
-    SharedProcess,
 )
-from envq.model.invariants import INVARIANTS
 
 __all__ = [
-    "EXIT_DRIVER",
-    "EXIT_PASS",
-    "EXIT_VIOLATION",
     "KINDS",
     "Classification",
     "Finding",
@@ -62,12 +45,11 @@ __all__ = [
     "Options",
     "Result",
     "audit",
-    "check_expected",
+    "hello",
     "load_classification",
-    "main",
     "minimise",
-    "report",
     "run",
+    "same_failure",
 ]
 
 
@@ -473,418 +455,3 @@ def audit(
             ignore.append(f"={finding.key}")
     assert total is not None
     return total
-
-
-# ---------------------------------------------------------------------------------------
-# Reports
-# ---------------------------------------------------------------------------------------
-
-
-#: Which feature a table row needs (a row a port cannot reach is "not applicable").
-def _needs(row: str) -> str | None:
-    rules = (
-        # first: an EXPIRED row needs leases whatever its row group
-        ("EXPIRED", "leases"),
-        ("PERIODIC", "periodic"),
-        ("STOP_TYPE", "stop_type"),
-        ("NO_RETRY", "no_retry"),
-        (",STOP]", "stop_envelope"),
-        ("TIMEOUT", "deadline"),
-        ("CANCELLED", "stop_cancel"),
-        ("BUFFERED", "buffer"),
-        ("LIFECYCLE[INIT,", "buffer"),
-        ("PARKED", "restart"),
-        ("LIFECYCLE[STOPPED,START]", "restart"),
-    )
-    for needle, feature in rules:
-        if needle in row:
-            return feature
-    return None
-
-
-def _rows() -> list[str]:
-    rows = [f"LIFECYCLE[{s.name},{c.name}]" for (s, c) in LIFECYCLE]
-    rows += [f"OUTCOMES[{k.name},{o.name}]" for (k, o) in OUTCOMES]
-    rows += [f"ENVELOPE_MOVES[{s.name},{e.name}]" for (s, e) in ENVELOPE_MOVES]
-    return rows
-
-
-def report(
-    result: Result,
-    out: TextIO,
-    *,
-    markdown: bool = False,
-    classification: Classification | None = None,
-) -> None:
-    """Write the result: per invariant and per table row, then each finding with its
-    counterexample (and, given a ``classification``, what kind of divergence each is)."""
-    notes = classification.notes if classification is not None else {}
-    driver = result.driver
-    features = set(driver.get("features", []))
-    rate = result.steps / result.seconds if result.seconds else 0.0
-    verdict = "ERROR" if result.error else "PASS" if result.passed else "FAIL"
-    head = (
-        f"{driver.get('driver', '?')} {driver.get('version', '')} on the "
-        f"{driver.get('clock', '?')} clock: {verdict}; {result.steps} steps in "
-        f"{result.seconds:.1f} s ({rate:.0f} steps/s)"
-    )
-    violated: dict[str, list[Finding]] = {}
-    for finding in result.findings:
-        violated.setdefault(finding.check, []).append(finding)
-        if finding.row:
-            violated.setdefault(finding.row, []).append(finding)
-
-    def status(name: str, checked: int, feature: str | None = None) -> str:
-        found = violated.get(name, [])
-        if any(not f.declared for f in found):
-            return "violated"
-        if found:
-            return "declared divergence"
-        if feature is not None and feature not in features:
-            return "not applicable"
-        return "checked" if checked else "not reached"
-
-    if markdown:
-        if classification is not None:
-            _md_preamble(result, classification, out)
-        out.write(f"**{head}**\n\n")
-        if result.error:
-            out.write(f"Driver error:\n\n```text\n{result.error}\n```\n\n")
-        out.write("| invariant | checks | status |\n|---|---|---|\n")
-        for inv in INVARIANTS:
-            n = result.coverage.checks.get(inv.id, 0)
-            out.write(f"| {inv.id} — {inv.title} | {n} | {status(inv.id, n)} |\n")
-        out.write("\n| table row | uses | status |\n|---|---|---|\n")
-        for row in _rows():
-            n = result.coverage.rows.get(row, 0)
-            out.write(f"| `{row}` | {n} | {status(row, n, _needs(row))} |\n")
-        if classification is not None:
-            out.write("\n## Counterexamples\n")
-        for i, finding in enumerate(result.findings, 1):
-            kind = "declared divergence" if finding.declared else "violation"
-            title = f"{finding.key}" + (f" ({finding.divergence})" if finding.divergence else "")
-            out.write(f"\n### {i}. {kind}: {title}\n\n{finding.message}\n")
-            note = notes.get(finding.key)
-            if note is not None:
-                out.write(f"\n**{KINDS[note.kind].capitalize()}.** {note.summary}")
-                out.write(f" See {note.see}.\n" if note.see else "\n")
-            elif classification is not None:
-                out.write("\n**Unclassified.**\n")
-            if finding.flaky:
-                out.write(
-                    "\nThe generated run failed so once; replayed, it need not (the port's"
-                    " timing varies).\n"
-                )
-            if finding.script:
-                out.write("\n```jsonl\n")
-                for command in finding.script:
-                    out.write(json.dumps(command) + "\n")
-                out.write("```\n")
-        return
-    out.write(head + "\n")
-    declared = [
-        f"{what} within {float(driver[name]):g} model s"
-        for name, what in (("cancel_latency", "cancels"), ("due_latency", "due moves"))
-        if driver.get(name)
-    ]
-    if declared:
-        out.write(f"the port's declared bounds: {', '.join(declared)}\n")
-    if result.error:
-        out.write(f"driver error: {result.error}\n")
-        if result.error_script:
-            out.write(f"  after {len(result.error_script)} commands of a generated run\n")
-    out.write("\ninvariants:\n")
-    for inv in INVARIANTS:
-        n = result.coverage.checks.get(inv.id, 0)
-        out.write(f"  {inv.id:3} {status(inv.id, n):20} {n:7} checks  {inv.title}\n")
-    out.write("\ntable rows:\n")
-    for row in _rows():
-        n = result.coverage.rows.get(row, 0)
-        out.write(f"  {status(row, n, _needs(row)):20} {n:7}  {row}\n")
-    for i, finding in enumerate(result.findings, 1):
-        kind = "declared divergence" if finding.declared else "VIOLATION"
-        out.write(f"\n{i}. {kind} {finding.key}: {finding.message}\n")
-        note = notes.get(finding.key)
-        if note is not None:
-            out.write(f"   {KINDS[note.kind]}: {note.summary}\n")
-        if finding.script:
-            out.write(f"   counterexample: {len(finding.script)} commands\n")
-
-
-def _md_preamble(result: Result, classification: Classification, out: TextIO) -> None:
-    """Title, introduction, the command, and one line per finding with its kind."""
-    if classification.title:
-        out.write(f"# {classification.title}\n\n")
-    if classification.intro:
-        out.write(classification.intro.strip() + "\n\n")
-    if classification.command:
-        out.write(f"```bash\n{classification.command.strip()}\n```\n\n")
-    out.write("## Findings\n\n| # | finding | kind | how the port differs | see |\n")
-    out.write("|---|---|---|---|---|\n")
-    for i, finding in enumerate(result.findings, 1):
-        note = classification.notes.get(finding.key)
-        kind = KINDS[note.kind] if note is not None else "**unclassified**"
-        summary = note.summary if note is not None else finding.message
-        see = note.see if note is not None else ""
-        out.write(f"| {i} | `{finding.key}` | {kind} | {summary} | {see} |\n")
-    missing = sorted(set(classification.notes) - {f.key for f in result.findings})
-    if missing:
-        out.write(
-            "\nClassified, not found by this run (timing-dependent on the real clock): "
-            + ", ".join(f"`{key}`" for key in missing)
-            + "\n"
-        )
-    out.write("\n## Coverage\n\n")
-
-
-def load_expected(path: Path) -> tuple[set[str], set[str]]:
-    """The finding keys an expectation file requires, and those it allows (see
-    :func:`check_expected`)."""
-    if path.suffix == ".json":
-        classification = load_classification(path)
-        return classification.required, set(classification.notes)
-    keys = {
-        line.strip()
-        for line in path.read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.startswith("#")
-    }
-    return keys, keys
-
-
-def check_expected(result: Result, path: Path) -> str | None:
-    """Compare the findings with an expectation file; ``None`` if they agree, else why
-    not. A JSON file is a :class:`Classification` (every classified finding must be
-    found, except those marked ``sometimes``, and nothing else); any other file lists
-    the expected keys, one per line (``#`` starts a comment)."""
-    found = {f.key for f in result.findings}
-    required, allowed = load_expected(path)
-    new, gone = sorted(found - allowed), sorted(required - found)
-    if not new and not gone:
-        return None
-    return f"findings differ from {path}:\n  new: {new}\n  gone: {gone}"
-
-
-def save_scripts(result: Result, directory: Path) -> list[Path]:
-    """Write each finding's counterexample as a JSON-lines script, and the commands
-    that led to a driver's failure as ``driver-error.jsonl``; their paths."""
-    paths = []
-    for i, finding in enumerate(result.findings, 1):
-        if not finding.script:
-            continue
-        directory.mkdir(parents=True, exist_ok=True)
-        name = finding.key.replace(" ", "_").replace("[", "-").replace("]", "").replace(",", "-")
-        path = directory / f"{i:02}-{name}.jsonl"
-        path.write_text("".join(json.dumps(c) + "\n" for c in finding.script))
-        paths.append(path)
-    if result.error_script:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "driver-error.jsonl"
-        path.write_text("".join(json.dumps(c) + "\n" for c in result.error_script))
-        paths.append(path)
-    return paths
-
-
-# ---------------------------------------------------------------------------------------
-# The command line
-# ---------------------------------------------------------------------------------------
-
-
-#: ``envq conform``'s exit status when the port passed (or a replay found no violation).
-EXIT_PASS: Final = 0
-#: A violation was found (or reproduced by ``--replay``), or ``--expect`` disagreed.
-EXIT_VIOLATION: Final = 1
-#: No verdict: bad input (arguments, a script, an expectation file) or a driver that
-#: crashed, hung or answered out of the protocol.
-EXIT_DRIVER: Final = 2
-
-
-def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
-    """An argparse type: a finite number > 0 of ``kind``."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """``envq conform``'s arguments (everything after ``--`` is the driver's command)."""
-    parser = argparse.ArgumentParser(
-        prog="envq conform",
-        description=(
-            "Check a port of envq against the model, through a driver speaking the "
-            "JSON-lines protocol of specs/driver-protocol.md: envq conform [options] -- "
-            "CMD ARGS..."
-        ),
-        epilog=(
-            "exit status: 0 passed (or no violation replayed), 1 a violation (or --expect"
-            " disagrees), 2 bad input or a driver that crashed, hung or broke the protocol"
-        ),
-    )
-    count, seconds = _positive(int), _positive(float)
-    parser.add_argument("--examples", type=count, default=100, help="Hypothesis examples (100)")
-    parser.add_argument("--steps", type=count, default=50, help="steps per example (50)")
-    parser.add_argument("--derandomize", action="store_true", help="the same run every time")
-    parser.add_argument(
-        "--time-scale",
-        type=seconds,
-        default=0.05,
-        help="real seconds per model second, for a real-clock driver (0.05)",
-    )
-    parser.add_argument(
-        "--jitter",
-        type=seconds,
-        default=REAL_JITTER,
-        help=f"real seconds of scheduling jitter a real-clock driver's timing checks allow "
-        f"({REAL_JITTER:g}; more on a loaded machine)",
-    )
-    parser.add_argument(
-        "--response-timeout",
-        type=seconds,
-        default=60.0,
-        help=(
-            "real seconds a driver's answer may take before it counts as hung, on top of"
-            " the model time the command lets pass times the time scale (60)"
-        ),
-    )
-    parser.add_argument("--no-shrink", action="store_true", help="report the first failure as is")
-    parser.add_argument(
-        "--audit", action="store_true", help="find every distinct divergence, not only the first"
-    )
-    parser.add_argument("--rounds", type=count, default=25, help="most audit rounds (25)")
-    parser.add_argument("--ignore", action="append", default=[], help="a check to set aside")
-    parser.add_argument("--report", choices=("text", "md"), default="text")
-    parser.add_argument("--out", type=Path, default=None, help="write the report there")
-    parser.add_argument(
-        "--save",
-        type=Path,
-        default=Path("conform-failures"),
-        help="where counterexamples are saved (./conform-failures)",
-    )
-    parser.add_argument(
-        "--expect",
-        type=Path,
-        default=None,
-        help=(
-            "expected findings: a file of keys, one per line, or a --classify JSON file;"
-            " exit 0 iff the findings are these"
-        ),
-    )
-    parser.add_argument(
-        "--classify",
-        type=Path,
-        default=None,
-        help="a port's audit notes (JSON): each finding's kind in the report",
-    )
-    parser.add_argument("--replay", type=Path, default=None, help="play back a saved script")
-    return parser
-
-
-def main(argv: Sequence[str]) -> int:
-    """``envq conform [options] -- CMD ARGS...``; the exit code (:data:`EXIT_PASS`,
-    :data:`EXIT_VIOLATION` or :data:`EXIT_DRIVER`)."""
-    args_list = list(argv)
-    if "--" in args_list:
-        cut = args_list.index("--")
-        mine, command = args_list[:cut], args_list[cut + 1 :]
-    else:
-        mine, command = args_list, []
-    parser = build_parser()
-    args = parser.parse_args(mine)
-    # Every input is read before the driver starts: a typo costs no run.
-    script: list[dict[str, Any]] | None = None
-    try:
-        classification = None if args.classify is None else load_classification(args.classify)
-        if args.expect is not None:
-            load_expected(args.expect)
-        if args.replay is not None:
-            text = args.replay.read_text(encoding="utf-8")
-            script = load_script(text, str(args.replay))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        sys.stderr.write(f"envq conform: {exc}\n")
-        return EXIT_DRIVER
-    connect: Callable[[], Driver]
-    shared: SharedProcess | None = None
-    if command:
-        shared = SharedProcess(command, timeout=args.response_timeout)
-        connect = shared.connect
-    else:
-        from envq.driver import Session  # noqa: PLC0415 - the in-process reference driver
-
-        connect = lambda: InProcessDriver(Session)  # noqa: E731
-    engine_log = logging.getLogger("envq")
-    # The engine's own log lines (a planned on_failure crash, say) are not the report.
-    was_disabled, engine_log.disabled = engine_log.disabled, engine_log.disabled or not command
-    options = Options(
-        examples=args.examples,
-        steps=args.steps,
-        derandomize=args.derandomize,
-        time_scale=args.time_scale,
-        jitter=args.jitter,
-        shrink=not args.no_shrink,
-        ignore=tuple(args.ignore),
-    )
-    try:
-        if script is not None:
-            return _replay(connect, script, options)
-        result = audit(connect, options, args.rounds) if args.audit else run(connect, options)
-    except DriverCrashed as exc:
-        sys.stderr.write(f"envq conform: {exc}\n")
-        return EXIT_DRIVER
-    finally:
-        engine_log.disabled = was_disabled
-        if shared is not None:
-            shared.shutdown()
-    out = sys.stdout if args.out is None else args.out.open("w", encoding="utf-8")
-    try:
-        report(result, out, markdown=args.report == "md", classification=classification)
-    finally:
-        if args.out is not None:
-            out.close()
-    for path in save_scripts(result, args.save):
-        what = (
-            "commands until the driver failed" if path.stem == "driver-error" else "counterexample"
-        )
-        sys.stderr.write(f"{what}: {path}  (replay: envq conform --replay {path} -- ...)\n")
-    if result.error is not None:
-        sys.stderr.write(f"envq conform: {result.error}\n")
-        return EXIT_DRIVER
-    if args.expect is not None:
-        differs = check_expected(result, args.expect)
-        if differs is not None:
-            sys.stderr.write(f"envq conform: {differs}\n")
-            return EXIT_VIOLATION
-        return EXIT_PASS
-    return EXIT_PASS if result.passed else EXIT_VIOLATION
-
-
-def _replay(connect: Callable[[], Driver], commands: list[dict[str, Any]], options: Options) -> int:
-    """Play ``commands`` (checked by :func:`load_script`) through a fresh session."""
-    first = commands[0] if commands[0].get("cmd") == "hello" else {}
-    answer = hello(connect, options)
-    harness = Harness(
-        connect(),
-        hello={"time_scale": first.get("time_scale", options.time_scale)},
-        real_clock=answer.get("clock") == "real",
-        ignore=options.ignore,
-        jitter=options.jitter,
-    )
-    try:
-        replay(harness, commands)
-    except Violation as exc:
-        sys.stdout.write(f"VIOLATION {exc}\nafter {len(harness.log)} commands\n")
-        return EXIT_VIOLATION
-    except ScriptError as exc:
-        sys.stderr.write(f"envq conform: the script cannot be replayed: {exc}\n")
-        return EXIT_DRIVER
-    finally:
-        harness.close()
-    sys.stdout.write(f"no violation: {len(commands)} commands replayed\n")
-    return EXIT_PASS

@@ -178,14 +178,16 @@ log = logging.getLogger("envq.postgres.driver")
 
 
 #: Real seconds a keeper's statement may take on a loaded machine (a round trip to the
-#: server and a commit): with two polls, how late a due move may land (``due_latency``).
+#: server and a commit): with two polls, how late a due move may land (``due_latency``)
+#: and a committed cancel may reach an attempt (``cancel_latency``).
 STATEMENT_S: Final = 0.02
 
 
 def real_poll(scale: float) -> float:
     """The nodes' poll in real seconds: a tenth of a model second, 5 to 50 ms. A node's
-    keeper sees a stop's cancel at its next round and acts in that round: a cancel
-    reaches an attempt within two polls of its commit (``cancel_latency``)."""
+    keeper reads a stop's cancel at its next round, in a statement, and acts in that
+    round: a cancel reaches an attempt within two polls and a statement of its commit
+    (``cancel_latency``)."""
     return max(0.005, min(0.05, 0.1 * scale))
 
 
@@ -675,9 +677,10 @@ class Session:
             "clock": "real",
             "features": list(FEATURES),
             "divergences": [dict(d) for d in DIVERGENCES],
-            "cancel_latency": 2 * real_poll(self.scale) / self.scale,
-            # A keeper moves a due envelope at its next round (within a poll of the
-            # due time), in a statement of its own.
+            # A keeper reads a committed cancel (a stop's, a terminate's, a ban) at its
+            # next round, and moves a due envelope at its next round (within a poll of
+            # the due time), each in a statement of its own.
+            "cancel_latency": (2 * real_poll(self.scale) + STATEMENT_S) / self.scale,
             "due_latency": (2 * real_poll(self.scale) + STATEMENT_S) / self.scale,
         }
 

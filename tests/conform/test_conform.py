@@ -17,19 +17,12 @@ import attrs
 import pytest
 from hypothesis.internal.conjecture import providers
 
-from envq.conform.harness import Harness, replay
+from envq.conform.cli import main
+from envq.conform.harness import Harness
 from envq.conform.oracle import Violation
-from envq.conform.runner import (
-    Options,
-    Result,
-    audit,
-    check_expected,
-    load_classification,
-    main,
-    report,
-    run,
-    save_scripts,
-)
+from envq.conform.reports import check_expected, report, save_scripts
+from envq.conform.runner import Options, Result, audit, load_classification, run
+from envq.conform.scripts import replay
 from envq.conform.transport import DriverCrashed, InProcessDriver, ProcessDriver, SharedProcess
 from envq.driver import Session
 from tests.conform.faulty_drivers import FAULTY, DoubleCount, LateCron, TerminateDropsParked

@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 
-from envq.conform.harness import Harness, ScriptError, load_script, shape_problem
+from envq.conform.cli import EXIT_DRIVER, EXIT_PASS, EXIT_VIOLATION, main
+from envq.conform.harness import Harness
 from envq.conform.oracle import Violation
-from envq.conform.runner import EXIT_DRIVER, EXIT_PASS, EXIT_VIOLATION, Options, main, run
+from envq.conform.runner import Options, run
+from envq.conform.scripts import ScriptError, load_script
+from envq.conform.shapes import shape_problem
 from envq.conform.transport import (
     DriverCrashed,
     InProcessDriver,

@@ -12,7 +12,7 @@ import pytest
 
 from envq._machine import CancelCause, EnvState, Outcome, QueueState
 from envq.conform import strategies
-from envq.conform.harness import Harness, replay
+from envq.conform.harness import Harness
 from envq.conform.oracle import Oracle, Violation, expected_target
 from envq.conform.protocol import (
     EXPIRED_CAUSE,
@@ -22,7 +22,9 @@ from envq.conform.protocol import (
     Plan,
     Policy,
 )
-from envq.conform.runner import Options, report, run
+from envq.conform.reports import report
+from envq.conform.runner import Options, run
+from envq.conform.scripts import replay
 from envq.conform.transport import InProcessDriver
 from envq.driver import Session
 from tests.conform.faulty_drivers import LeasedTimeouts, Undeclared

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from envq._machine import CancelCause, EnvState, QueueCall
-from envq.conform.harness import shape_problem
 from envq.conform.oracle import Oracle, Violation
 from envq.conform.protocol import SHARED_STORE_FEATURES, EnvSpec, Plan, Policy, QueueConfig
+from envq.conform.shapes import shape_problem
 from tests.conform.oracles import running_oracle
 
 DEADLINE = 1.0

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from envq._machine import QueueCall
-from envq.conform.harness import shape_problem
 from envq.conform.oracle import Oracle, Violation
 from envq.conform.protocol import SHARED_STORE_FEATURES, EnvSpec
+from envq.conform.shapes import shape_problem
 
 TOLERANCE = 0.25
 DUE = 1.0

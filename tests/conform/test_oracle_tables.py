@@ -9,7 +9,7 @@ from types import MappingProxyType
 import pytest
 
 from envq import _machine as m
-from envq.conform import oracle
+from envq.conform import expected
 from envq.conform.oracle import ALLOWED_LIVE, CALL_MOVES, DRAINED_MOVE, LIVE, infer_event
 
 ES = m.EnvState
@@ -92,25 +92,25 @@ class TestFollowsTheTables:
         while STOPPING, and if DRAIN parked READY too, it would not."""
         parks = dict(m.STOP_PARKS)
         parks[m.StopMode.DRAIN] = frozenset({ES.READY, ES.DELAYED})
-        monkeypatch.setattr(oracle, "STOP_PARKS", MappingProxyType(parks))
-        assert ES.READY not in oracle._allowed_live()[QS.STOPPING]
+        monkeypatch.setattr(expected, "STOP_PARKS", MappingProxyType(parks))
+        assert ES.READY not in expected._allowed_live()[QS.STOPPING]
 
     def test_armed_drives_allowed_live(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(oracle, "ARMED", MappingProxyType({False: ES.READY, True: ES.READY}))
-        assert oracle._allowed_live()[QS.RUNNING] == {ES.READY, ES.RUNNING}
+        monkeypatch.setattr(expected, "ARMED", MappingProxyType({False: ES.READY, True: ES.READY}))
+        assert expected._allowed_live()[QS.RUNNING] == {ES.READY, ES.RUNNING}
 
     def test_lifecycle_drives_call_moves(self, monkeypatch: pytest.MonkeyPatch) -> None:
         table = dict(m.LIFECYCLE)
         table[(QS.RUNNING, m.QueueCall.STOP)] = m.LifeRow(m.LifeAction.BEGIN_STOP, QS.STOPPED)
-        monkeypatch.setattr(oracle, "LIFECYCLE", table)
-        assert oracle._call_moves(m.QueueCall.STOP) == {(QS.RUNNING, QS.STOPPED)}
+        monkeypatch.setattr(expected, "LIFECYCLE", table)
+        assert expected._call_moves(m.QueueCall.STOP) == {(QS.RUNNING, QS.STOPPED)}
         # terminate from RUNNING stops first: it follows the STOP row too
-        assert (QS.RUNNING, QS.STOPPED) in oracle._call_moves(m.QueueCall.TERMINATE)
+        assert (QS.RUNNING, QS.STOPPED) in expected._call_moves(m.QueueCall.TERMINATE)
 
     def test_envelope_moves_drive_infer_event(self, monkeypatch: pytest.MonkeyPatch) -> None:
         moves = dict(m.ENVELOPE_MOVES)
         moves[(ES.READY, EV.STOP)] = frozenset({ES.DELAYED})
-        monkeypatch.setattr(oracle, "ENVELOPE_MOVES", moves)
+        monkeypatch.setattr(expected, "ENVELOPE_MOVES", moves)
         assert infer_event(ES.READY, ES.PARKED) is None
         assert infer_event(ES.READY, ES.DELAYED) is EV.STOP
         moves[(ES.READY, EV.DUE)] = frozenset({ES.DELAYED})

@@ -15,10 +15,12 @@ import attrs
 import pytest
 
 from envq.conform import strategies
-from envq.conform.harness import Harness, ScriptError, load_script, replay, shape_problem
+from envq.conform.harness import Harness
 from envq.conform.oracle import Oracle, Violation
 from envq.conform.protocol import FEATURES, SHARED_STORE_FEATURES, EnvSpec, Plan, Policy
 from envq.conform.runner import Options, run
+from envq.conform.scripts import ScriptError, load_script, replay
+from envq.conform.shapes import shape_problem
 from envq.conform.transport import InProcessDriver
 from envq.driver import Session
 from tests.conform.faulty_drivers import LeasedTimeouts
