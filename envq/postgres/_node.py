@@ -997,7 +997,11 @@ async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
             queue,
             type_,
         )
-        await conn.execute(_BAN_RELABEL, queue, type_)
+        # The moves first, then the relabelling, each a statement of its own (a new
+        # snapshot): an envelope a concurrent claim holds is skipped by the moves once
+        # the claim commits it RUNNING, and the relabelling, which starts after that,
+        # sees it RUNNING. In the other order a claim committing between the two was
+        # READY to the relabelling and RUNNING to the moves: neither touched it.
         await conn.execute(
             "UPDATE envq.envelopes AS e"
             " SET state = envq.envelope_target(e.state, 'blacklist', e.kind, q.state,"
@@ -1008,6 +1012,7 @@ async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
             queue,
             type_,
         )
+        await conn.execute(_BAN_RELABEL, queue, type_)
 
 
 #: The end of a StopType attempt (as the finisher ends it), fenced by its token.

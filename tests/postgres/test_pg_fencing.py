@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import pg_jobs
 import pytest
 
 import envq
+from envq.postgres import PgQueue
 from envq.postgres._server import ThrowawayServer
 
 if TYPE_CHECKING:
@@ -443,3 +446,44 @@ async def test_an_end_whose_reply_was_lost_is_read_back_not_counted_as_refused(
     assert counts["fenced"] == 0
     assert "was refused" not in a.stderr()
     assert [h[2] for h in await _hooks(fault_dsn, q)] == ["on_success"]
+
+
+async def test_a_ban_racing_a_claim_leaves_no_attempt_of_the_type_unbanned(pg_dsn: str) -> None:
+    """A type is banned while another session claims one of its READY envelopes (found
+    by the PostgreSQL conformance check: a 10-command counterexample ending SUCCEEDED
+    where the ban leads to STOPPED). The claim holds the row when the ban's statements
+    run; once it commits, the envelope is RUNNING, and the ban must relabel it (its
+    end is then looked up in the BLACKLISTED rows), not skip it as READY in one
+    statement and as RUNNING in the other."""
+    import asyncpg  # noqa: PLC0415
+
+    from envq.postgres._node import blacklist  # noqa: PLC0415
+
+    name = f"ban-{uuid.uuid4().hex[:8]}"
+    q = PgQueue(pg_dsn, name, workers=0)
+    await q.install()
+    async with q:
+        await q.start()
+        await q.send(envq.Envelope(invoke=pg_jobs.noop, id="e2", type="t"))
+        claimer = await asyncpg.connect(pg_dsn)
+        banner = await asyncpg.connect(pg_dsn)
+        try:
+            claim = claimer.transaction()
+            await claim.start()
+            claimed = await claimer.fetch(
+                "SELECT seq FROM envq.claim($1, 'other', 1, interval '30 s')", name
+            )
+            assert len(claimed) == 1
+            ban = asyncio.create_task(blacklist(banner, name, "t"))
+            # The ban waits for the claim's row lock (it cannot finish first).
+            await asyncio.sleep(0.3)
+            assert not ban.done()
+            await claim.commit()
+            await asyncio.wait_for(ban, 10)
+            row = await claimer.fetchrow(
+                "SELECT state::text, kind::text FROM envq.envelopes WHERE queue = $1", name
+            )
+        finally:
+            await claimer.close()
+            await banner.close()
+        assert (row["state"], row["kind"]) == ("running", "blacklisted")
