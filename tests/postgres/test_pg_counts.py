@@ -73,14 +73,18 @@ async def test_the_kept_counts_follow_every_kind_of_move(pg_dsn: str) -> None:
             while "ready" in await q.counts():
                 assert loop.time() < until, "the node did not claim what was sent"
                 await asyncio.sleep(0.05)
-            await conn.execute(
-                "INSERT INTO envq.envelopes (queue, id, invoke, kind, state, event)"
-                " VALUES ($1, '\"ghost\"', 'pg_jobs:noop', 'one_off', 'ready', 'send')",
-                name,
-            )
-            ghost = await conn.fetch(
-                "SELECT id FROM envq.claim($1, 'elsewhere', 1, interval '0.2 s')", name
-            )
+            # Inserted and claimed in one transaction: the node, which has free
+            # workers, never sees it READY (claimed first by the node, it would not be
+            # this claim's).
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO envq.envelopes (queue, id, invoke, kind, state, event)"
+                    " VALUES ($1, '\"ghost\"', 'pg_jobs:noop', 'one_off', 'ready', 'send')",
+                    name,
+                )
+                ghost = await conn.fetch(
+                    "SELECT id FROM envq.claim($1, 'elsewhere', 1, interval '0.2 s')", name
+                )
             assert [r["id"] for r in ghost] == ['"ghost"']
             until = loop.time() + 30
             while loop.time() < until:
