@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,23 @@ from envq.demo.scenario import Scenario
 from envq.demo.workload import Mail
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """The rest of a child's stdout and its stderr once it exits. Not
+    ``communicate()``: after iterating ``proc.stdout`` it reads the pipes' descriptors
+    directly, and the lines the iteration had already buffered are lost (a story line
+    went missing that way on a loaded machine)."""
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    errors: list[str] = []
+    stderr = proc.stderr
+    reader = threading.Thread(target=lambda: errors.append(stderr.read()))
+    reader.start()
+    rest = proc.stdout.read()
+    reader.join(60)
+    proc.wait(timeout=60)
+    return rest, "".join(errors)
 
 
 def _check_story(out: str) -> None:
@@ -178,7 +196,7 @@ def test_ctrl_c_stops_terminates_and_exits_130() -> None:
             if "send_wait admitted" in line:
                 break
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=60)
+        rest, err = _finish(proc)
     out = "".join(head) + rest
     assert proc.returncode == 130, out + err
     assert "send_wait admitted" in "".join(head)
@@ -255,7 +273,7 @@ def test_metrics_port_serves_the_demo_queue() -> None:
                 break
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", url), head
         samples = _scrape(url)
-        rest, err = proc.communicate(timeout=60)
+        rest, err = _finish(proc)
     assert proc.returncode == 0, "".join(head) + rest + err
     assert samples['workqueue_adds_total{name="demo"}'] >= 8
     assert samples['envq_capacity_limit{name="demo"}'] == 12
