@@ -13,8 +13,8 @@ from typing import Any
 
 from envq.conform.harness import Harness
 from envq.conform.oracle import Violation
-from envq.conform.protocol import EnvSpec, Plan, QueueConfig
 from envq.conform.runner import Finding, Options, minimise, same_failure
+from envq.conform.scripts import replay
 from envq.conform.transport import InProcessDriver
 from envq.driver import Session
 
@@ -68,24 +68,39 @@ def test_a_protocol_refusal_is_not_the_same_failure_as_another() -> None:
     assert not same_failure(Violation("I7", "e2: ok twice", "OUTCOMES[ONE_OFF,STOP]"), row)
 
 
-def _released(deadline: float, *, real_clock: bool) -> Violation | None:
-    """Release a hanging attempt of ``ForgetsHangs`` (the envelope has ``deadline``),
-    then let the deadline pass; the violation raised, if any."""
-    harness = Harness(InProcessDriver(ForgetsHangs), real_clock=real_clock)
+QUEUE: dict[str, Any] = {"cmd": "queue", "workers": 1, "capacity": 0, "stop_mode": "drain"}
+
+
+def _violation(
+    driver: Any, commands: list[dict[str, Any]], *, real_clock: bool
+) -> Violation | None:
+    """Replay ``commands`` through a harness on ``driver``; the violation raised, if any."""
+    harness = Harness(driver, real_clock=real_clock)
     try:
-        harness.queue(QueueConfig(workers=1, capacity=0, stop_mode="drain", wait=True))
-        harness.define("e1", EnvSpec(script=(Plan.HANG,), deadline=deadline))
-        harness.start()
-        harness.send(["e1"])
-        harness.advance(1)
-        harness.release("e1", Plan.OK)
-        harness.advance(deadline + 1)
-        harness.stats()
+        replay(harness, [{**QUEUE, "wait": True}, *commands])
     except Violation as exc:
         return exc
     finally:
         harness.close()
     return None
+
+
+def _released(deadline: float, *, real_clock: bool) -> Violation | None:
+    """Release a hanging attempt of ``ForgetsHangs`` (the envelope has ``deadline``),
+    then let the deadline pass; the violation raised, if any."""
+    return _violation(
+        InProcessDriver(ForgetsHangs),
+        [
+            {"cmd": "define", "env": "e1", "spec": {"script": ["hang"], "deadline": deadline}},
+            {"cmd": "start"},
+            {"cmd": "send", "envs": ["e1"]},
+            {"cmd": "advance", "seconds": 1},
+            {"cmd": "release", "env": "e1", "plan": "ok"},
+            {"cmd": "advance", "seconds": deadline + 1},
+            {"cmd": "stats"},
+        ],
+        real_clock=real_clock,
+    )
 
 
 def test_on_the_real_clock_not_hanging_is_believed_where_the_attempt_may_be_ending() -> None:
@@ -129,20 +144,22 @@ class GoesOnBetweenCommands:
 def _banned_meanwhile(*, real_clock: bool) -> Violation | None:
     """e1 of type t raises StopType one second after it is sent; e2 of type t is then
     sent with send_wait before the harness has asked for that second."""
-    harness = Harness(GoesOnBetweenCommands(1.5), real_clock=real_clock)
-    try:
-        harness.queue(QueueConfig(workers=1, capacity=0, stop_mode="drain", wait=True))
-        harness.define("e1", EnvSpec(type="t", delay=1, script=(Plan.STOP_TYPE,)))
-        harness.define("e2", EnvSpec(type="t", script=(Plan.OK,)))
-        harness.start()
-        harness.send(["e1"])
-        harness.send_wait(["e2"], 1)
-        harness.stats()
-    except Violation as exc:
-        return exc
-    finally:
-        harness.close()
-    return None
+    return _violation(
+        GoesOnBetweenCommands(1.5),
+        [
+            {
+                "cmd": "define",
+                "env": "e1",
+                "spec": {"type": "t", "delay": 1, "script": ["stop_type"]},
+            },
+            {"cmd": "define", "env": "e2", "spec": {"type": "t", "script": ["ok"]}},
+            {"cmd": "start"},
+            {"cmd": "send", "envs": ["e1"]},
+            {"cmd": "send_wait", "envs": ["e2"], "timeout": 1},
+            {"cmd": "stats"},
+        ],
+        real_clock=real_clock,
+    )
 
 
 def test_on_the_real_clock_a_ban_that_came_before_a_send_wait_refuses_it() -> None:
