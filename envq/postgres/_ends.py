@@ -95,13 +95,14 @@ SELECT e.*, clock_timestamp() AS reaped_at FROM envq.envelopes AS e
 #: (whether it is dropped, and what the log says when the try fails).
 _REAP_TRIES: Final = ((False, "it ends as a dropped failure"), (True, "the next round tries again"))
 
-#: A NULL delay: the next run of the row's FIXED_DELAY / FIXED_RATE schedule.
+#: A NULL delay: the next run of the row's FIXED_DELAY / FIXED_RATE schedule. The
+#: clock is read once: the move's time and what its due time is measured from.
 _EXPIRE: Final = """
 SELECT envq.expire($1, $2, $3::envq.decision_kind,
-                   coalesce(clock_timestamp() + $4::float8 * interval '1 second',
-                            (SELECT envq.next_due(e.schedule, e.interval_s, e.due_at,
-                                                  clock_timestamp())
-                               FROM envq.envelopes AS e WHERE e.seq = $1)), $5, $6::jsonb)
+                   coalesce(n.t + $4::float8 * interval '1 second',
+                            (SELECT envq.next_due(e.schedule, e.interval_s, e.due_at, n.t)
+                               FROM envq.envelopes AS e WHERE e.seq = $1)), $5, $6::jsonb, n.t)
+  FROM (SELECT clock_timestamp() AS t) AS n
 """
 
 

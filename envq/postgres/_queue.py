@@ -132,17 +132,20 @@ _ARRIVAL: Final[Mapping[LifeAction, Arrival]] = {
     LifeAction.ADMIT: Arrival.NOW,
 }
 
+#: The send's instant is read once: the rows' time of arrival and what their due
+#: times are measured from.
 _INSERT: Final = """
+WITH now_ AS MATERIALIZED (SELECT clock_timestamp() AS t)
 INSERT INTO envq.envelopes
     (queue, id, type, invoke, payload, kind, state, event, interval_s, schedule,
      deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at,
-     wait, cron, cron_tz)
+     wait, cron, cron_tz, updated_at)
 SELECT $1, u.id::jsonb, u.type, u.invoke, u.payload::jsonb, u.kind::envq.envelope_kind,
        u.state::envq.envelope_state, 'send', u.interval_s, u.schedule::envq.schedule,
        u.deadline_s, u.before_hook, u.after_hook, u.on_success, u.on_failure,
-       u.retry::jsonb, clock_timestamp() + u.delay * interval '1 second',
-       clock_timestamp() + u.delay * interval '1 second', u.delay > 0, u.cron, u.cron_tz
-  FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+       u.retry::jsonb, n.t + u.delay * interval '1 second',
+       n.t + u.delay * interval '1 second', u.delay > 0, u.cron, u.cron_tz, n.t
+  FROM now_ AS n, unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
               $8::float8[], $9::text[], $10::float8[], $11::text[], $12::text[],
               $13::text[], $14::text[], $15::text[], $16::float8[], $17::text[], $18::text[])
        WITH ORDINALITY

@@ -100,7 +100,7 @@ __all__ = [
 SCHEMA: Final = "envq"
 #: The version of the generated schema, recorded in ``envq.schema_version``; a later
 #: release migrates from it.
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 #: The oldest schema version whose envq runs on this schema: a release whose schema
 #: keeps what an older release's nodes call sets it lower, and both share a queue
 #: during a rolling upgrade (docs/postgres.md, "Upgrades").
@@ -404,6 +404,14 @@ BEGIN
                             coalesce(NEW.decision::text, 'none'), coalesce(NEW.cause::text, 'none'),
                             coalesce(mode_now::text, 'none'), coalesce(NEW.limited, false));
     END IF;
+    -- The time of the move itself: a start measures the wait left from it, and the
+    -- journal gives it as the move's. A statement that based a due time on an instant
+    -- of its own gives that instant (one reading of the clock for both columns: the
+    -- move is never later than the due time it set); other moves are stamped now.
+    IF (TG_OP = 'INSERT' AND NEW.updated_at = now())
+       OR (TG_OP = 'UPDATE' AND NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at) THEN
+        NEW.updated_at := clock_timestamp();
+    END IF;
     IF journal_on THEN
         -- The node whose attempt moved: the claimer, or the holder of the lease ended.
         PERFORM envq.journal_move(NEW, source, queue_now,
@@ -411,8 +419,6 @@ BEGIN
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
-    -- The time of the move itself: a start measures the wait left from it.
-    NEW.updated_at := clock_timestamp();
     RETURN NEW;
 END
 $$;
@@ -688,7 +694,8 @@ CREATE FUNCTION envq.expire(seq bigint, token uuid,
                             decision envq.decision_kind DEFAULT NULL,
                             due_at timestamptz DEFAULT NULL,
                             failures integer DEFAULT NULL,
-                            error jsonb DEFAULT NULL)
+                            error jsonb DEFAULT NULL,
+                            at timestamptz DEFAULT NULL)
 RETURNS envq.envelope_state
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -698,6 +705,7 @@ BEGIN
        SET state = envq.envelope_target('running', '{expired}', e.kind, q.state, false,
                                         expire.decision, NULL, q.stop_mode, false),
            event = '{expired}', decision = expire.decision, due_at = expire.due_at,
+           updated_at = coalesce(expire.at, e.updated_at),
            failures = coalesce(expire.failures, e.failures), ended_token = NULL,
            last_error = coalesce(expire.error, e.last_error),
            history = CASE WHEN expire.error IS NULL THEN e.history
@@ -713,7 +721,8 @@ END
 $$;
 COMMENT ON FUNCTION envq.expire IS
     'Ends an attempt whose lease expired (the reaper''s move), where the tables lead, '
-    'only while that lease is still the attempt''s; NULL when it is not.';
+    'only while that lease is still the attempt''s; NULL when it is not. at: the '
+    'instant due_at was measured from, the move''s time (NULL: now).';
 
 CREATE FUNCTION envq.due(queue_name text) RETURNS integer
 LANGUAGE sql AS $$
@@ -750,7 +759,8 @@ LANGUAGE sql AS $$
            SET state = envq.envelope_target(e.state, what, e.kind, q.state,
                                             coalesce(a.due > a.t, false),
                                             NULL, NULL, q.stop_mode, false),
-               event = what, wait = coalesce(a.due > a.t, false), due_at = a.due
+               event = what, wait = coalesce(a.due > a.t, false), due_at = a.due,
+               updated_at = a.t
           FROM envq.queues AS q, armed AS a
          WHERE q.name = queue_name AND e.queue = queue_name AND e.seq = a.seq
            AND e.state IN ({live})
@@ -797,21 +807,24 @@ _FINISH_UPDATE: Final = """\
         SELECT l.seq FROM envq.envelopes AS l
          WHERE l.seq IN (SELECT f.seq FROM f)
          ORDER BY l.seq
-           FOR UPDATE)
+           FOR UPDATE),
+    -- The instant of the ends, read once: the moves' time and what their due times
+    -- are measured from.
+    now_ AS MATERIALIZED (SELECT clock_timestamp() AS t)
     UPDATE envq.envelopes AS e
        SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
                                         f.decision, f.cause, q.stop_mode, false),
            event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
-           due_at = coalesce(clock_timestamp() + f.delay * interval '1 second',
-                             envq.next_due(e.schedule, e.interval_s, e.due_at,
-                                           clock_timestamp())),
+           due_at = coalesce(n.t + f.delay * interval '1 second',
+                             envq.next_due(e.schedule, e.interval_s, e.due_at, n.t)),
+           updated_at = n.t,
            failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
            last_error = coalesce(f.error, e.last_error),
            history = CASE WHEN f.error IS NULL THEN e.history
                           ELSE envq.story(e.history, e.attempt, f.outcome, e.updated_at,
                                           e.lease_owner, f.error) END,
            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
-      FROM f, locked, envq.queues AS q
+      FROM f, locked, now_ AS n, envq.queues AS q
      WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
        AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
     RETURNING e.seq, e.state"""
@@ -1038,9 +1051,9 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
-                              queue_state, node)
+                              queue_state, at, node)
     VALUES (moved.queue, moved.seq, source::text, moved.state::text, moved.event::text,
-            moved.decision, moved.cause, seen::text, held_by);
+            moved.decision, moved.cause, seen::text, moved.updated_at, held_by);
 END
 $$;
 COMMENT ON FUNCTION envq.journal_move IS
@@ -1194,6 +1207,9 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         "    -- none yet): a node that lost the reply of an end finds it committed here.\n"
         "    ended_token uuid,\n"
         "    created_at timestamptz NOT NULL DEFAULT now(),\n"
+        "    -- The time of its last move (the trigger stamps it when the statement does\n"
+        "    -- not give the instant it measured a due time from: on a send, when it\n"
+        "    -- leaves the default, the transaction's start).\n"
         "    updated_at timestamptz NOT NULL DEFAULT now(),\n"
         "    -- The move a state-changing statement performs and the guard values only its\n"
         "    -- author knows; the trigger checks them, then clears them.\n"

@@ -10,12 +10,14 @@ part of a second. The margin asserted (0.15 s) is generous for a due move.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import uuid
 
 import pg_jobs
 import pytest
 
 import envq
+from envq.postgres import _ends
 from envq.postgres._queue import PgQueue
 
 asyncpg = pytest.importorskip("asyncpg")
@@ -53,3 +55,63 @@ async def test_a_delayed_envelope_becomes_ready_at_its_due_time(pg_dsn: str) -> 
     assert set(late) == set(DELAYS)
     # Not a poll (1 s) late: at its due time, give or take a loaded machine's delay.
     assert all(-0.01 <= s <= 0.5 for s in late.values()), late
+
+
+# -- one instant per move ------------------------------------------------------------------
+
+#: Each move into DELAYED, with the instant its due time was measured from: the
+#: journal's time of the move must be that instant, to the microsecond, or a due move
+#: looks early (or late) from the journal by the time between two readings of the clock.
+_DELAYED_MOVES = """
+SELECT e.id #>> '{}' AS id, j.event, e.due_at - j.at AS wait
+  FROM envq.journal AS j JOIN envq.envelopes AS e ON e.seq = j.seq
+ WHERE j.queue = $1 AND j.to_state = 'delayed'
+   AND j.n = (SELECT max(k.n) FROM envq.journal AS k WHERE k.seq = j.seq)
+ ORDER BY e.id #>> '{}'
+"""
+
+
+async def test_a_move_into_delayed_is_journalled_at_the_instant_its_due_time_counts_from(
+    pg_dsn: str,
+) -> None:
+    name = f"instant-{uuid.uuid4().hex[:10]}"
+    far = envq.Retry(attempts=3, base=40.0, cap=40.0, jitter=False)
+    async with PgQueue(pg_dsn, name, workers=1, poll=0.2, lease=30.0) as q:
+        db = q._db()
+        await db.execute("UPDATE envq.queues SET journal = true WHERE name = $1", name)
+        # Sent to a stopped queue: armed by the start's broadcast, from the start's instant.
+        await q.send(envq.Envelope(invoke=pg_jobs.noop, id="armed", delay=50.0))
+        await q.start()
+        # Sent to a running queue: delayed from the send's instant.
+        await q.send(envq.Envelope(invoke=pg_jobs.noop, id="sent", delay=60.0))
+        # Its attempt fails: the end delays it by the Retry's backoff, from the end's.
+        await q.send(envq.Envelope(invoke=pg_jobs.fail, id="retried", retry=far))
+        async with asyncio.timeout(10):
+            while (await q.counts()).get("delayed", 0) < 3:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        # An expired attempt's end (the reaper's statement), from the expiry's instant:
+        # sent, claimed with no lease and expired in one transaction (the node's own
+        # workers and reaper never see it before).
+        async with db.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO envq.envelopes (queue, id, invoke, kind, state, event)"
+                " VALUES ($1, '\"expired\"', 'pg_jobs:noop', 'one_off', 'ready', 'send')",
+                name,
+            )
+            row = await conn.fetchrow(
+                "SELECT seq, lease_token FROM envq.claim($1, 'elsewhere', 1, interval '0 s')",
+                name,
+            )
+            ended = await conn.fetchval(
+                _ends._EXPIRE, row["seq"], row["lease_token"], "retry_after", 70.0, None, None
+            )
+        assert ended == "delayed"
+        rows = await db.fetch(_DELAYED_MOVES, name)
+        await q.terminate()
+    waits = {r["id"]: (r["event"], r["wait"]) for r in rows}
+    assert waits == {
+        "armed": ("start", dt.timedelta(seconds=50)),
+        "expired": ("attempt_expired", dt.timedelta(seconds=70)),
+        "retried": ("attempt_error", dt.timedelta(seconds=40)),
+        "sent": ("send", dt.timedelta(seconds=60)),
+    }

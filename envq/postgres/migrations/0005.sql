@@ -1,0 +1,307 @@
+-- envq schema migration: version 4 -> 5 (frozen: never edit a released migration).
+-- One reading of the clock per move: a statement that measures a due time from an
+-- instant (a send, a start's arming, an end or an expiry that delays) gives that
+-- instant as the row's updated_at, which the trigger keeps and the journal records as
+-- the move's time (they were two readings: under load the journal's could be later,
+-- and a due move then looked early from it). The trigger stamps only a move the
+-- statement did not time (on a send: left at the default, the transaction's start).
+-- envq.expire takes the instant.
+DROP FUNCTION envq.expire(bigint, uuid, envq.decision_kind, timestamptz, integer, jsonb);
+CREATE OR REPLACE FUNCTION envq.envelopes_check() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    source envq.envelope_state;
+    row_kind envq.envelope_kind;
+    queue_now envq.queue_state;
+    mode_now envq.stop_mode;
+    allowed envq.envelope_state;
+    rejected text;
+    journal_on boolean;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.queue IS DISTINCT FROM OLD.queue THEN
+            RAISE EXCEPTION USING ERRCODE = 'EQ001',
+                MESSAGE = format('envq: envelope %s cannot move from queue %L to queue %L',
+                                 OLD.seq, OLD.queue, NEW.queue);
+        END IF;
+        -- A running envelope's row group is relabelled (its type banned, an operator's
+        -- cancel); an operator's retry gives it its own group back.
+        IF NEW.kind IS DISTINCT FROM OLD.kind
+           AND NOT (OLD.state = 'running' AND NEW.kind IN ('blacklisted', 'cancelled'))
+           AND NOT (NEW.event IS NOT DISTINCT FROM 'retry' AND NEW.kind IN ('one_off', 'periodic'))
+        THEN
+            RAISE EXCEPTION USING ERRCODE = 'EQ001',
+                MESSAGE = format('envq: envelope %s cannot change kind from %s to %s '
+                                 '(only a running one is relabelled, to %s; a retry gives '
+                                 'it its own back)', OLD.seq, OLD.kind, NEW.kind,
+                                 'blacklisted or cancelled');
+        END IF;
+        IF NEW.event IS NULL THEN
+            IF NEW.state IS DISTINCT FROM OLD.state THEN
+                RAISE EXCEPTION USING ERRCODE = 'EQ001',
+                    MESSAGE = format('envq: envelope %s of queue %L: %s -> %s names no event '
+                                     '(set the column event in the same statement)',
+                                     OLD.seq, OLD.queue, OLD.state, NEW.state);
+            END IF;
+            NEW.decision := NULL; NEW.cause := NULL; NEW.wait := NULL; NEW.limited := NULL;
+            RETURN NEW;
+        END IF;
+        source := OLD.state;
+        row_kind := OLD.kind;
+    ELSE
+        source := NULL;
+        row_kind := NEW.kind;
+    END IF;
+    SELECT q.state, q.stop_mode, q.journal INTO queue_now, mode_now, journal_on
+      FROM envq.queues AS q WHERE q.name = NEW.queue;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'EQ001',
+            MESSAGE = format('envq: there is no queue named %L', NEW.queue);
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        rejected := envq.queue_refusal(queue_now, 'send');
+        IF rejected IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'EQ003',
+                MESSAGE = format('envq: queue %L is %s: send is rejected (%s)',
+                                 NEW.queue, queue_now, rejected);
+        END IF;
+    END IF;
+    allowed := envq.envelope_target(source, NEW.event, row_kind, queue_now,
+                                    coalesce(NEW.wait, false), NEW.decision, NEW.cause,
+                                    mode_now, coalesce(NEW.limited, false));
+    IF allowed IS NULL OR allowed IS DISTINCT FROM NEW.state THEN
+        RAISE EXCEPTION USING ERRCODE = 'EQ001',
+            MESSAGE = format('envq: envelope %s of queue %L: %s --%s--> %s is not in the '
+                             'tables (%s)', coalesce(OLD.seq, NEW.seq), NEW.queue,
+                             coalesce(source::text, 'new'), NEW.event,
+                             coalesce(NEW.state::text, 'NULL'),
+                             CASE WHEN allowed IS NULL
+                                  THEN 'the event does not move it here'
+                                  ELSE format('they lead to %s', allowed) END),
+            DETAIL = format('kind=%s queue=%s wait=%s decision=%s cause=%s mode=%s limited=%s',
+                            row_kind, queue_now, coalesce(NEW.wait, false),
+                            coalesce(NEW.decision::text, 'none'), coalesce(NEW.cause::text, 'none'),
+                            coalesce(mode_now::text, 'none'), coalesce(NEW.limited, false));
+    END IF;
+    -- The time of the move itself: a start measures the wait left from it, and the
+    -- journal gives it as the move's. A statement that based a due time on an instant
+    -- of its own gives that instant (one reading of the clock for both columns: the
+    -- move is never later than the due time it set); other moves are stamped now.
+    IF (TG_OP = 'INSERT' AND NEW.updated_at = now())
+       OR (TG_OP = 'UPDATE' AND NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at) THEN
+        NEW.updated_at := clock_timestamp();
+    END IF;
+    IF journal_on THEN
+        -- The node whose attempt moved: the claimer, or the holder of the lease ended.
+        PERFORM envq.journal_move(NEW, source, queue_now,
+            CASE WHEN TG_OP = 'UPDATE' THEN coalesce(NEW.lease_owner, OLD.lease_owner) END);
+    END IF;
+    NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
+    NEW.wait := NULL; NEW.limited := NULL;
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION envq.envelopes_check() IS
+    'Refuses any envelope row whose change of state the tables of envq._machine do not allow.';
+CREATE OR REPLACE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_state,
+                                  seen envq.queue_state, held_by text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF source IS NOT NULL AND moved.state = source THEN
+        RETURN;
+    END IF;
+    -- A send of an id already live is a dedup: ON CONFLICT DO NOTHING skips the row
+    -- after this trigger ran, so it is not a move.
+    IF source IS NULL AND moved.id IS NOT NULL AND EXISTS (
+        SELECT FROM envq.envelopes AS d
+         WHERE d.queue = moved.queue AND d.id = moved.id AND d.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')) THEN
+        RETURN;
+    END IF;
+    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
+                              queue_state, at, node)
+    VALUES (moved.queue, moved.seq, source::text, moved.state::text, moved.event::text,
+            moved.decision, moved.cause, seen::text, moved.updated_at, held_by);
+END
+$$;
+COMMENT ON FUNCTION envq.journal_move IS
+    'Appends one envelope move to the journal (called by the trigger when it is on).';
+CREATE OR REPLACE FUNCTION envq.broadcast(queue_name text, what envq.envelope_event)
+RETURNS integer
+LANGUAGE sql AS $$
+    -- A start arms a buffered or parked envelope with the wait it had left when it
+    -- was sent or parked (its last move), not the time that passed meanwhile.
+    WITH now_ AS (SELECT clock_timestamp() AS t),
+    armed AS (
+        SELECT e.seq,
+               CASE WHEN what = 'start' AND e.state IN ('buffered', 'parked')
+                         AND e.due_at IS NOT NULL
+                    THEN n.t + greatest(e.due_at - e.updated_at, interval '0')
+                    ELSE e.due_at END AS due,
+               n.t
+          FROM envq.envelopes AS e, now_ AS n
+         WHERE e.queue = queue_name AND e.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')
+    ),
+    moved AS (
+        UPDATE envq.envelopes AS e
+           SET state = envq.envelope_target(e.state, what, e.kind, q.state,
+                                            coalesce(a.due > a.t, false),
+                                            NULL, NULL, q.stop_mode, false),
+               event = what, wait = coalesce(a.due > a.t, false), due_at = a.due,
+               updated_at = a.t
+          FROM envq.queues AS q, armed AS a
+         WHERE q.name = queue_name AND e.queue = queue_name AND e.seq = a.seq
+           AND e.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')
+           AND envq.envelope_target(e.state, what, e.kind, q.state,
+                                    coalesce(a.due > a.t, false),
+                                    NULL, NULL, q.stop_mode, false) IS NOT NULL
+        RETURNING 1)
+    SELECT count(*)::integer FROM moved
+$$;
+COMMENT ON FUNCTION envq.broadcast IS
+    'A queue-side event (start, stop, terminate) applied to every live envelope of a '
+    'queue it moves, each where the tables lead (RUNNING ones are left to their attempts).';
+CREATE OR REPLACE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
+                                 outcomes envq.envelope_event[],
+                                 decisions envq.decision_kind[],
+                                 causes envq.cancel_cause[], delays double precision[],
+                                 failures integer[], errors jsonb[])
+RETURNS TABLE (seq bigint, state envq.envelope_state)
+LANGUAGE sql AS $$
+    WITH f AS MATERIALIZED (
+        SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures,
+                             errors)
+                   AS u(seq, token, outcome, decision, cause, delay, failures, error)),
+    -- Rows are locked in seq order, as a renewal locks them (no deadlock between two).
+    locked AS MATERIALIZED (
+        SELECT l.seq FROM envq.envelopes AS l
+         WHERE l.seq IN (SELECT f.seq FROM f)
+         ORDER BY l.seq
+           FOR UPDATE),
+    -- The instant of the ends, read once: the moves' time and what their due times
+    -- are measured from.
+    now_ AS MATERIALIZED (SELECT clock_timestamp() AS t)
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
+                                        f.decision, f.cause, q.stop_mode, false),
+           event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
+           due_at = coalesce(n.t + f.delay * interval '1 second',
+                             envq.next_due(e.schedule, e.interval_s, e.due_at, n.t)),
+           updated_at = n.t,
+           failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
+           last_error = coalesce(f.error, e.last_error),
+           history = CASE WHEN f.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, f.outcome, e.updated_at,
+                                          e.lease_owner, f.error) END,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM f, locked, now_ AS n, envq.queues AS q
+     WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.seq, e.state
+$$;
+COMMENT ON FUNCTION envq.finish_many IS
+    'finish for many attempts in one statement (one commit): the rows it returns are '
+    'the attempts whose token held; the others changed nothing.';
+CREATE OR REPLACE FUNCTION envq.finish_and_claim(end_seqs bigint[], end_tokens uuid[],
+                                      end_outcomes envq.envelope_event[],
+                                      end_decisions envq.decision_kind[],
+                                      end_causes envq.cancel_cause[],
+                                      end_delays double precision[],
+                                      end_failures integer[], end_errors jsonb[],
+                                      queue_name text, owner text, how_many integer,
+                                      lease interval)
+RETURNS SETOF envq.envelopes
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- The ends (as finish_many; every returned row is not RUNNING), then in the same
+    -- transaction, durable, the claim of up to how_many (RUNNING, owned by owner): a
+    -- node that ends attempts starts the next ones in one round trip.
+    RETURN QUERY
+    WITH f AS MATERIALIZED (
+        SELECT * FROM unnest(end_seqs, end_tokens, end_outcomes, end_decisions, end_causes,
+                             end_delays, end_failures, end_errors)
+                   AS u(seq, token, outcome, decision, cause, delay, failures, error)),
+    -- Rows are locked in seq order, as a renewal locks them (no deadlock between two).
+    locked AS MATERIALIZED (
+        SELECT l.seq FROM envq.envelopes AS l
+         WHERE l.seq IN (SELECT f.seq FROM f)
+         ORDER BY l.seq
+           FOR UPDATE),
+    -- The instant of the ends, read once: the moves' time and what their due times
+    -- are measured from.
+    now_ AS MATERIALIZED (SELECT clock_timestamp() AS t)
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', f.outcome, e.kind, q.state, false,
+                                        f.decision, f.cause, q.stop_mode, false),
+           event = f.outcome, decision = f.decision, cause = f.cause, limited = false,
+           due_at = coalesce(n.t + f.delay * interval '1 second',
+                             envq.next_due(e.schedule, e.interval_s, e.due_at, n.t)),
+           updated_at = n.t,
+           failures = coalesce(f.failures, e.failures), ended_token = e.lease_token,
+           last_error = coalesce(f.error, e.last_error),
+           history = CASE WHEN f.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, f.outcome, e.updated_at,
+                                          e.lease_owner, f.error) END,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM f, locked, now_ AS n, envq.queues AS q
+     WHERE e.seq = f.seq AND locked.seq = e.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = f.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.*;
+    IF how_many > 0 THEN
+        RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT c.seq FROM envq.envelopes AS c
+         WHERE c.queue = queue_name AND c.state = 'ready'
+           AND EXISTS (SELECT FROM envq.queues AS q
+                        WHERE q.name = queue_name AND q.state IN ('running', 'stopping'))
+         ORDER BY c.updated_at, c.seq
+         LIMIT how_many
+           FOR UPDATE OF c SKIP LOCKED)
+    UPDATE envq.envelopes AS e
+       SET state = 'running', event = 'dispatch', attempt = e.attempt + 1,
+           lease_token = gen_random_uuid(), lease_owner = owner,
+           lease_expires_at = clock_timestamp() + lease
+      FROM picked
+     WHERE e.seq = picked.seq
+    RETURNING e.*;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION envq.finish_and_claim IS
+    'finish_many, then claim up to how_many more, in one transaction: the ended rows '
+    '(not running) and the claimed ones (running).';
+CREATE FUNCTION envq.expire(seq bigint, token uuid,
+                            decision envq.decision_kind DEFAULT NULL,
+                            due_at timestamptz DEFAULT NULL,
+                            failures integer DEFAULT NULL,
+                            error jsonb DEFAULT NULL,
+                            at timestamptz DEFAULT NULL)
+RETURNS envq.envelope_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    ended envq.envelope_state;
+BEGIN
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', 'attempt_expired', e.kind, q.state, false,
+                                        expire.decision, NULL, q.stop_mode, false),
+           event = 'attempt_expired', decision = expire.decision, due_at = expire.due_at,
+           updated_at = coalesce(expire.at, e.updated_at),
+           failures = coalesce(expire.failures, e.failures), ended_token = NULL,
+           last_error = coalesce(expire.error, e.last_error),
+           history = CASE WHEN expire.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, 'attempt_expired', e.updated_at,
+                                          e.lease_owner, expire.error) END,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM envq.queues AS q
+     WHERE e.seq = expire.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = expire.token AND e.lease_expires_at <= clock_timestamp()
+    RETURNING e.state INTO ended;
+    RETURN ended;
+END
+$$;
+COMMENT ON FUNCTION envq.expire IS
+    'Ends an attempt whose lease expired (the reaper''s move), where the tables lead, '
+    'only while that lease is still the attempt''s; NULL when it is not. at: the '
+    'instant due_at was measured from, the move''s time (NULL: now).';
+COMMENT ON SCHEMA envq IS 'envq schema version 5';
+INSERT INTO envq.schema_version (version, compatible_from) VALUES (5, 4);
