@@ -67,7 +67,8 @@ from envq._queue import Attempt, Queue, current_attempt
 from envq._reports import Event, LiveEnvelope, StopReport
 from envq._schedule import Cron, Timing
 from envq._stamps import logging_stamp
-from envq._tasks import AfterCallback, Task, TaskFn, TaskQueue
+from envq._task import AfterCallback, Task, TaskFn
+from envq._tasks import TaskQueue
 from envq._values import (
     FIXED_DELAY,
     FIXED_RATE,

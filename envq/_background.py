@@ -31,7 +31,8 @@ from typing import Any, Final, ParamSpec, TypeVar, overload
 from envq import _checks
 from envq._errors import QueueShuttingDown
 from envq._limits import RateLimiter
-from envq._tasks import _INSIDE, Task, TaskQueue, check_task
+from envq._task import _INSIDE, Task, check_task
+from envq._tasks import TaskQueue
 
 __all__ = ["BackgroundQueue", "enqueue", "shutdown", "submit"]
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from envq._attempt import Runner, Worker, expire_limits
+from envq._entry import keep_alive
 from envq._envelope import Enter, Envelope, _Rec
 from envq._limits import RateLimiter, ask_limiter
 from envq._machine import (
@@ -39,7 +40,7 @@ from envq._outcomes import Perform
 from envq._stats import StopRun
 from envq._timers import Deadlines
 
-__all__ = ["ATTEMPT", "Crew", "Host", "keep_alive"]
+__all__ = ["ATTEMPT", "Crew", "Host"]
 
 log = logging.getLogger("envq")
 
@@ -50,7 +51,6 @@ _OK: Final = Outcome.OK
 _CANCELLED: Final = Outcome.CANCELLED
 _INF: Final = math.inf
 
-_TASKS: set[asyncio.Task[Any]] = set()
 
 #: The envelope whose attempt the current task runs (or was spawned from).
 ATTEMPT: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
@@ -62,12 +62,6 @@ _ATTEMPT: Final = ATTEMPT
 HOSTED: contextvars.ContextVar[tuple[object, Envelope, int, Worker] | None] = (
     contextvars.ContextVar("envq_hosted_attempt", default=None)
 )
-
-
-def keep_alive(task: asyncio.Task[Any]) -> None:
-    """Hold ``task`` until it is done (the loop holds tasks only weakly)."""
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
 
 
 class Host(Protocol):

@@ -14,7 +14,7 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-__all__ = ["check_own_loop", "elsewhere", "hand_over"]
+__all__ = ["check_own_loop", "elsewhere", "hand_over", "keep_alive"]
 
 _T = TypeVar("_T")
 #: The running event loop of the calling thread, or None (asyncio's C accelerated
@@ -66,3 +66,12 @@ def check_own_loop(loop: asyncio.AbstractEventLoop | None, name: str, method: st
             f"that loop, e.g. asyncio.run_coroutine_threadsafe(queue.{method}(...), "
             "queue.loop) from another thread"
         )
+
+
+_TASKS: set[asyncio.Task[Any]] = set()
+
+
+def keep_alive(task: asyncio.Task[Any]) -> None:
+    """Hold ``task`` until it is done (the loop holds tasks only weakly)."""
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)

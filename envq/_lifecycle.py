@@ -16,10 +16,11 @@ from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, assert_never
 
 from envq import _machine
-from envq._admission import Admission, calendar_delay, unschedulable
+from envq._admission import Admission
 from envq._attempt import Threads, Worker
 from envq._crew import Crew
 from envq._envelope import Envelope
+from envq._first_run import calendar_delay, unschedulable
 from envq._listeners import Listeners
 from envq._machine import (
     BROADCASTS,

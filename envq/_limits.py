@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Final, Protocol, runtime_checkable
 
 from envq import _checks
+from envq._schedule import capped_exponential
 
 __all__ = [
     "ExponentialBackoff",
@@ -73,15 +74,6 @@ def _loop_clock() -> float:
         return asyncio.get_running_loop().time()
     except RuntimeError:
         return time.monotonic()
-
-
-def capped_exponential(base: float, exponent: int, cap: float) -> float:
-    """``min(cap, base · 2**exponent)`` without overflowing for large exponents."""
-    try:
-        raw = math.ldexp(base, exponent)
-    except OverflowError:
-        raw = math.inf
-    return min(cap, raw)
 
 
 class TokenBucket:

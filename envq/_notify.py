@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from envq import _checks
 from envq._config import DeadLetter
-from envq._crew import keep_alive
+from envq._entry import keep_alive
 from envq._envelope import Envelope
 
 __all__ = [

@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeAlias, assert_never
 
 from envq import _machine
-from envq._admission import wall_offset
 from envq._attempt import Runner, Worker
 from envq._envelope import Enter, Envelope, _Rec
+from envq._first_run import wall_offset
 from envq._limits import RateLimiter, ask_limiter, forget_limiter
 from envq._listeners import Listeners
 from envq._machine import (

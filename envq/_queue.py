@@ -28,12 +28,13 @@ from typing import Final, TypeVar, cast
 import attrs
 
 from envq import _checks, _machine
-from envq._admission import Admission, first_delay
+from envq._admission import Admission
 from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
-from envq._crew import ATTEMPT, HOSTED, Crew, keep_alive
-from envq._entry import check_own_loop, running_loop
+from envq._crew import ATTEMPT, HOSTED, Crew
+from envq._entry import check_own_loop, keep_alive, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
+from envq._first_run import first_delay
 from envq._lifecycle import Lifecycle, check_arrives
 from envq._limits import RateLimiter
 from envq._listeners import Listener, Listeners

@@ -23,7 +23,7 @@ from envq import _checks
 if TYPE_CHECKING:
     from cronsim import CronSim
 
-__all__ = ["MIN_INTERVAL", "Cron", "Timing", "fixed_rate_slot"]
+__all__ = ["MIN_INTERVAL", "Cron", "Timing", "capped_exponential", "fixed_rate_slot"]
 
 #: The smallest interval accepted (seconds). A shorter one is a busy loop, and past
 #: 2**33 s of loop time (272 years) the clock could not tell one run from the next.
@@ -62,6 +62,15 @@ class Timing(Protocol):
         :param offset: wall clock minus loop time, in seconds.
         """
         ...
+
+
+def capped_exponential(base: float, exponent: int, cap: float) -> float:
+    """``min(cap, base · 2**exponent)`` without overflowing for large exponents."""
+    try:
+        raw = math.ldexp(base, exponent)
+    except OverflowError:
+        raw = math.inf
+    return min(cap, raw)
 
 
 def fixed_rate_slot(origin: float, interval: float, now: float) -> int:

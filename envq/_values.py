@@ -10,9 +10,8 @@ from typing import Any, Final
 import attrs
 
 from envq import _checks
-from envq._limits import capped_exponential
 from envq._machine import DecisionKind, EnvState, Outcome, QueueState, StopMode, _Enum
-from envq._schedule import fixed_rate_slot
+from envq._schedule import capped_exponential, fixed_rate_slot
 
 __all__ = [
     "FIXED_DELAY",

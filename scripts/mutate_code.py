@@ -490,7 +490,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
         "        return min([lim.when(env) for lim in self.limiters])\n",
         "MaxOf answers the most lenient limiter instead of the strictest",
     ),
-    # -- envq/_tasks.py ------------------------------------------------------------------
+    # -- envq/_tasks.py and envq/_task.py -------------------------------------------------
     _m(
         "tasks-shutdown-drops-held",
         "_tasks.py",
@@ -507,21 +507,21 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     ),
     _m(
         "tasks-single-attempt-max-retries",
-        "_tasks.py",
+        "_task.py",
         "            retry=self.retry if self._attempts_max != 1 else None,\n",
         "            retry=self.retry,\n",
         "a one-attempt task fails with MaxRetriesExceeded instead of its own error",
     ),
     _m(
         "tasks-requeue-refused",
-        "_tasks.py",
+        "_task.py",
         "            if self._owner is owner:\n                return False\n",
         "",
         "enqueueing a task already queued in the same queue raises instead of being a no-op",
     ),
     _m(
         "tasks-uncapped-zero",
-        "_tasks.py",
+        "_task.py",
         "        self._cap = cap if cap > 0 else _UNCAPPED\n",
         "        self._cap = cap\n",
         "max_timeout(0) caps the backoff at 0 s instead of meaning no cap",

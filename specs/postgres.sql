@@ -555,8 +555,8 @@ BEGIN
     -- journal gives it as the move's. A statement that based a due time on an instant
     -- of its own gives that instant (one reading of the clock for both columns: the
     -- move is never later than the due time it set); other moves are stamped now.
-    IF (TG_OP = 'INSERT' AND NEW.updated_at = now())
-       OR (TG_OP = 'UPDATE' AND NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at) THEN
+    IF NEW.updated_at IS NULL OR (TG_OP = 'INSERT' AND NEW.updated_at = now())
+       OR (TG_OP = 'UPDATE' AND NEW.updated_at = OLD.updated_at) THEN
         NEW.updated_at := clock_timestamp();
     END IF;
     IF journal_on THEN
@@ -978,6 +978,7 @@ LANGUAGE sql AS $$
                          AND e.due_at IS NOT NULL
                     THEN n.t + greatest(e.due_at - e.updated_at, interval '0')
                     ELSE e.due_at END AS due,
+               what = 'start' AND e.state IN ('buffered', 'parked') AND e.due_at IS NOT NULL AS arms,
                n.t
           FROM envq.envelopes AS e, now_ AS n
          WHERE e.queue = queue_name AND e.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')
@@ -987,8 +988,14 @@ LANGUAGE sql AS $$
            SET state = envq.envelope_target(e.state, what, e.kind, q.state,
                                             coalesce(a.due > a.t, false),
                                             NULL, NULL, q.stop_mode, false),
-               event = what, wait = coalesce(a.due > a.t, false), due_at = a.due,
-               updated_at = a.t
+               event = what, wait = coalesce(a.due > a.t, false),
+               -- An envelope the start arms moves at the instant its due time counts
+               -- from, unless a move this statement waited for came later (then the
+               -- trigger stamps it: an envelope's moves never go back in time). The
+               -- others keep their due time as the row has it now, and are stamped.
+               due_at = CASE WHEN a.arms THEN a.due ELSE e.due_at END,
+               updated_at = CASE WHEN a.arms THEN greatest(a.t, e.updated_at)
+                                 ELSE e.updated_at END
           FROM envq.queues AS q, armed AS a
          WHERE q.name = queue_name AND e.queue = queue_name AND e.seq = a.seq
            AND e.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')

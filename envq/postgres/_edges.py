@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from envq.postgres._codec import Encoded
 
 __all__ = [
+    "CHANNEL",
     "LEASE_MAX",
     "LEASE_MIN",
     "MAX_NODE_NAME",
@@ -50,6 +51,9 @@ __all__ = [
     "unavailable",
     "unreachable",
 ]
+
+#: The NOTIFY channel of every queue's sends and moves: the payload is the queue's name.
+CHANNEL: Final = "envq"
 
 _LIVE: Final = [s.value for s in LIVE_STATES]
 

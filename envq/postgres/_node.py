@@ -23,11 +23,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
-
-import attrs
 
 from envq._attempt import Runner, Threads, Worker, expire_limits
 from envq._checks import is_async_callable
@@ -35,7 +33,6 @@ from envq._config import DeadLetter
 from envq._crew import HOSTED
 from envq._envelope import Envelope, Stamp
 from envq._machine import (
-    LIVE_STATES,
     RELABEL,
     CancelCause,
     DecisionKind,
@@ -44,14 +41,12 @@ from envq._machine import (
     Kind,
     Outcome,
     QueueState,
-    moved_by,
-    queue_move,
 )
 from envq._notify import to_dead_letter
 from envq._timers import Deadlines
 from envq._values import HookTimeout
-from envq.postgres._codec import calendar, decode, fire_wait
-from envq.postgres._edges import MAX_NODE_NAME, lost, redact
+from envq.postgres._codec import decode
+from envq.postgres._edges import CHANNEL, MAX_NODE_NAME, lost, redact
 from envq.postgres._ends import (
     RETIRE_EVERY,
     Ended,
@@ -62,17 +57,17 @@ from envq.postgres._ends import (
     spent,
     without_code,
 )
+from envq.postgres._flights import GAVE_UP, ClaimGate, Ending, Flight, end_each
+from envq.postgres._moves import end_banning
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["CHANNEL", "Host", "Node", "arm_calendars"]
+__all__ = ["Host", "Node"]
 
 log = logging.getLogger("envq.postgres")
 
-#: The NOTIFY channel: the payload is the queue's name.
-CHANNEL: Final = "envq"
 
 #: A pooled connection, as the pool lends it.
 _Conn: TypeAlias = "asyncpg.pool.PoolConnectionProxy[Any]"
@@ -131,47 +126,6 @@ SELECT seq, state::text AS state, kind::text AS kind FROM envq.envelopes
  WHERE seq = ANY($1::bigint[]) AND ended_token = ANY($2::uuid[])
 """
 
-#: The calendar envelopes a start arms, with the wait a buffered one had left, and the
-#: database's clock.
-_ARMED_BY_START: Final = ", ".join(
-    f"'{state.value}'" for state in sorted(moved_by(EnvEvent.START), key=lambda s: s.value)
-)
-_CALENDARS: Final = f"""
-SELECT seq, cron, cron_tz, state::text AS state,
-       extract(epoch FROM greatest(due_at - updated_at, interval '0'))::float8 AS wait_s,
-       extract(epoch FROM clock_timestamp())::float8 AS now_s
-  FROM envq.envelopes
- WHERE queue = $1 AND cron IS NOT NULL AND state IN ({_ARMED_BY_START})
-   FOR UPDATE
-"""
-
-
-async def arm_calendars(conn: Any, queue: str) -> None:
-    """Before a start's moves: give every calendar envelope it arms the wait to its
-    first fire, read on the database's clock. A buffered one's first run is the first
-    fire at or after its start plus the wait it was sent with (``delay``,
-    ``not_before``); a parked one (a restart) waits for the first fire at or after the
-    start: fires missed while the queue was stopped are skipped. The start measures
-    the wait left from ``updated_at``, so both columns are set."""
-    rows = await conn.fetch(_CALENDARS, queue)
-    if not rows:
-        return
-    seqs, waits = [], []
-    for row in rows:
-        now = row["now_s"]
-        at = now + row["wait_s"] if row["state"] == EnvState.BUFFERED.value else now
-        seqs.append(row["seq"])
-        waits.append(fire_wait(calendar(row["cron"], row["cron_tz"]).first_fire(at), now))
-    await conn.execute(
-        "UPDATE envq.envelopes AS e SET updated_at = to_timestamp(u.now_s),"
-        " due_at = to_timestamp(u.now_s) + u.wait * interval '1 second'"
-        " FROM unnest($1::bigint[], $2::float8[], $3::float8[]) AS u(seq, wait, now_s)"
-        " WHERE e.seq = u.seq",
-        seqs,
-        waits,
-        [row["now_s"] for row in rows],
-    )
-
 
 async def _returned(conn: object) -> None:
     """What the pool does with a session given back to it, beyond rolling back a
@@ -191,74 +145,6 @@ async def _nap(wake: asyncio.Event, seconds: float) -> None:
             await wake.wait()
 
 
-#: The result of an attempt's end the node could not commit (the database stayed
-#: away for longer than four leases): another node reaps the attempt.
-_GAVE_UP: Final = "gave up"
-
-
-class _ClaimGate:
-    """Claims run side by side; taking back the attempts of a lost claim (adopt) runs
-    alone: a claim in flight holds leases whose tokens the node does not know yet,
-    which adopt would take for lost ones."""
-
-    __slots__ = ("_alone", "_changed", "_claims")
-
-    def __init__(self) -> None:
-        self._claims = 0
-        self._alone = False
-        self._changed = asyncio.Event()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    @contextlib.asynccontextmanager
-    async def claiming(self) -> AsyncIterator[None]:
-        """Around a statement that claims."""
-        while self._alone:
-            await self._changed.wait()
-        self._claims += 1
-        try:
-            yield
-        finally:
-            self._claims -= 1
-            self._notify()
-
-    @contextlib.asynccontextmanager
-    async def alone(self) -> AsyncIterator[None]:
-        """Around adopt: no claim in flight, none starts."""
-        while self._alone:
-            await self._changed.wait()
-        self._alone = True
-        try:
-            while self._claims:
-                await self._changed.wait()
-            yield
-        finally:
-            self._alone = False
-            self._notify()
-
-
-@attrs.define(slots=True)
-class _Ending:
-    """An attempt's end waiting for the finisher's next statement."""
-
-    seq: int
-    token: uuid.UUID
-    outcome: str
-    decision: str | None
-    cause: str | None
-    #: Seconds to the next run; None: the database computes it from the row's
-    #: FIXED_DELAY / FIXED_RATE schedule.
-    delay: float | None
-    failures: int | None
-    #: The error the attempt ended with, as JSON (``ErrorInfo``; None: none).
-    error: str | None
-    give_up: float
-    #: The end as committed; None: refused (the lease had expired); _GAVE_UP.
-    done: asyncio.Future[Ended | str | None]
-
-
 _Cause: TypeAlias = BaseException | None
 
 
@@ -269,74 +155,6 @@ def _node_name() -> str:
     host = socket.gethostname().encode("ascii", "replace").decode()
     host = "".join(c if c.isprintable() and not c.isspace() else "-" for c in host) or "node"
     return host[: MAX_NODE_NAME - len(rest)] + rest
-
-
-async def end_each(
-    queue: str, end: Callable[[list[_Ending], int], Awaitable[list[Row]]], batch: list[_Ending]
-) -> tuple[list[Row], list[_Ending]]:
-    """End each attempt of ``batch`` in a statement of its own; one the database
-    still refuses ends as a dropped failure would (the tables' move for a failed
-    attempt dropped by its decision), logged at ERROR. ``(ended rows, ends to try
-    again)``: the ends the database was lost for are tried again."""
-    import asyncpg  # noqa: PLC0415
-
-    found: list[Row] = []
-    again: list[_Ending] = []
-    for e in batch:
-        try:
-            found += await end([e], 0)
-            continue
-        except lost(asyncpg):
-            again.append(e)
-            continue
-        except asyncpg.PostgresError as error:
-            log.error(
-                "queue %r: could not end the attempt of envelope %s (%s); it ends as "
-                "a dropped failure",
-                queue,
-                e.seq,
-                error,
-            )
-        dropped = _Ending(
-            e.seq,
-            e.token,
-            event_label(Outcome.ERROR),
-            DecisionKind.DROP.value,
-            None,
-            0.0,
-            None,
-            e.error,
-            e.give_up,
-            e.done,
-        )
-        try:
-            found += await end([dropped], 0)
-        except lost(asyncpg):
-            again.append(e)
-        except asyncpg.PostgresError as error:
-            log.error(
-                "queue %r: could not end the attempt of envelope %s as a dropped "
-                "failure either (%s); its lease expires and a reaper ends it",
-                queue,
-                e.seq,
-                error,
-            )
-            e.done.set_result(_GAVE_UP)
-    return found, again
-
-
-class _Flight:
-    """One attempt in flight on this node: its row, its lease, its worker."""
-
-    __slots__ = ("claimed_at", "freed", "lost", "row", "token", "worker")
-
-    def __init__(self, row: Row, worker: Worker) -> None:
-        self.row = row
-        self.token: uuid.UUID = row["lease_token"]
-        self.worker = worker
-        self.lost = False
-        self.freed = False
-        self.claimed_at = time.monotonic()
 
 
 #: The warning of a node that cannot open its listening session (and polls).
@@ -396,16 +214,16 @@ class Node:
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._flights: dict[int, _Flight] = {}
+        self._flights: dict[int, Flight] = {}
         self._attempts: set[asyncio.Task[None]] = set()
-        self._ending: list[_Ending] = []
+        self._ending: list[Ending] = []
         self._ending_ready = asyncio.Event()
         #: Attempts running their body or hooks (a slot each; their end may still be
         #: committing).
         self._busy = 0
         self._claim_floor = max(1, workers // 2)
         #: Claims run side by side, adopt alone.
-        self._gate = _ClaimGate()
+        self._gate = ClaimGate()
         #: A claim's reply was lost: its attempts may be held under this node's name
         #: without its knowing (the renewer takes them back).
         self._orphans = False
@@ -570,7 +388,7 @@ class Node:
 
     def _launch(self, row: Row) -> None:
         """Start the attempt of a claimed row (a slot taken until its end commits)."""
-        flight = _Flight(row, Worker(self._epoch))
+        flight = Flight(row, Worker(self._epoch))
         self._flights[row["seq"]] = flight
         self._busy += 1
         task = asyncio.create_task(self._run(flight))
@@ -712,7 +530,7 @@ class Node:
 
     # -- one attempt ---------------------------------------------------------------------
 
-    async def _run(self, flight: _Flight) -> None:
+    async def _run(self, flight: Flight) -> None:
         """One attempt, then its end, fenced from start to finish: the decision
         (``on_failure``) runs only while the lease holds (:meth:`_decide`), the end
         commits only under the attempt's token, and the hooks that report an end
@@ -761,7 +579,8 @@ class Node:
                 return
             kind, delay, failures = decided
             if outcome is Outcome.STOP_TYPE and env.type:  # the ban commits with the end
-                await end_banning(self, row, env.type, flight.claimed_at)
+                give_up = flight.claimed_at + self.lease * 4
+                await end_banning(self._host._db(), self.name, row, env.type, give_up, self)
                 return
             kept = spent(self.name, env, row, outcome, cause)
             ended = await self._finish(flight, outcome, kind, w.cancel_cause, delay, failures, kept)
@@ -778,7 +597,7 @@ class Node:
                 del self._flights[row["seq"]]
             w.env = None
 
-    def _free(self, flight: _Flight) -> None:
+    def _free(self, flight: Flight) -> None:
         if not flight.freed:
             flight.freed = True
             self._busy -= 1
@@ -786,7 +605,7 @@ class Node:
 
     async def _finish(
         self,
-        flight: _Flight,
+        flight: Flight,
         outcome: Outcome,
         decision: DecisionKind | None,
         cause: CancelCause | None,
@@ -799,7 +618,7 @@ class Node:
         ended with (kept as the envelope's story); the end as committed, or None when
         it was refused or never committed."""
         row = flight.row
-        ending = _Ending(
+        ending = Ending(
             row["seq"],
             flight.token,
             event_label(outcome),
@@ -846,7 +665,7 @@ class Node:
             unheard = False
             while batch:
                 found: list[Row] = []
-                retry: list[_Ending] = []
+                retry: list[Ending] = []
                 try:
                     if unheard:
                         found = await self._committed(batch)
@@ -870,7 +689,7 @@ class Node:
                     for e in batch:
                         if now > e.give_up and not e.done.done():
                             log.error("queue %r: could not end an attempt (%s)", self.name, err)
-                            e.done.set_result(_GAVE_UP)
+                            e.done.set_result(GAVE_UP)
                     batch = [e for e in batch if not e.done.done()]
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 1.0)
@@ -901,12 +720,12 @@ class Node:
                 if batch:
                     await asyncio.sleep(pause)
 
-    async def _committed(self, batch: list[_Ending]) -> list[Row]:
+    async def _committed(self, batch: list[Ending]) -> list[Row]:
         """Of ``batch``, the ends a statement whose reply was lost committed."""
         async with self._host._session() as conn:
             return list(await conn.fetch(_ENDED, [e.seq for e in batch], [e.token for e in batch]))
 
-    async def _end(self, batch: list[_Ending], how_many: int) -> list[Row]:
+    async def _end(self, batch: list[Ending], how_many: int) -> list[Row]:
         """End the attempts of ``batch`` and claim up to ``how_many`` more, in one
         statement: the ended rows and the claimed ones."""
         import asyncpg  # noqa: PLC0415
@@ -935,7 +754,7 @@ class Node:
                     self._orphans = True  # its claims may have committed unheard
                 raise
 
-    async def _hold(self, flight: _Flight, env: Envelope) -> Kind | None:
+    async def _hold(self, flight: Flight, env: Envelope) -> Kind | None:
         """Fence a decision: the attempt's lease still holds (extended over the hook's
         budget, so that a loop blocked in the hook does not lose it); the row's kind,
         or None when the lease has lapsed (a reaper decides instead) or the database
@@ -968,92 +787,3 @@ def _ask_to_stop(w: Worker, cause: CancelCause) -> None:
         w.cancel_cause = cause
         w.owed = 1
         w.task.cancel()
-
-
-#: A ban's relabelling, generated from the tables as the in-process
-#: ``Settler.blacklist_type`` reads them: the live envelopes its ``BLACKLIST`` event does
-#: not move (an attempt in flight) have their row group relabelled (``RELABEL``); the
-#: others move by the trigger's ``envelope_target``, generated from the same table.
-_BAN_RELABEL: Final = (
-    f"UPDATE envq.envelopes SET kind = '{RELABEL[EnvEvent.BLACKLIST].value}'"
-    " WHERE queue = $1 AND type = $2 AND state IN ("
-    + ", ".join(
-        f"'{s.value}'"
-        for s in sorted(LIVE_STATES, key=lambda s: s.value)
-        if queue_move(s, EnvEvent.BLACKLIST) is None
-    )
-    + ")"
-)
-
-
-async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
-    """Blacklist a type in the shared queue, in one transaction: its live envelopes are
-    stopped, and the attempts of it in flight end STOPPED (their row group is
-    relabelled)."""
-    async with conn.transaction():
-        await conn.execute(
-            "UPDATE envq.queues SET blacklist = array_append(blacklist, $2)"
-            " WHERE name = $1 AND NOT ($2 = ANY(blacklist))",
-            queue,
-            type_,
-        )
-        # The moves first, then the relabelling, each a statement of its own (a new
-        # snapshot): an envelope a concurrent claim holds is skipped by the moves once
-        # the claim commits it RUNNING, and the relabelling, which starts after that,
-        # sees it RUNNING. In the other order a claim committing between the two was
-        # READY to the relabelling and RUNNING to the moves: neither touched it.
-        await conn.execute(
-            "UPDATE envq.envelopes AS e"
-            " SET state = envq.envelope_target(e.state, 'blacklist', e.kind, q.state,"
-            "   false, NULL, NULL, q.stop_mode, false), event = 'blacklist'"
-            " FROM envq.queues AS q WHERE q.name = $1 AND e.queue = $1 AND e.type = $2"
-            " AND envq.envelope_target(e.state, 'blacklist', e.kind, q.state, false,"
-            "   NULL, NULL, q.stop_mode, false) IS NOT NULL",
-            queue,
-            type_,
-        )
-        await conn.execute(_BAN_RELABEL, queue, type_)
-
-
-#: The end of a StopType attempt (as the finisher ends it), fenced by its token.
-_END_STOP_TYPE: Final = f"""
-SELECT state::text FROM envq.finish_many(
-    ARRAY[$1::bigint], ARRAY[$2::uuid],
-    ARRAY['{event_label(Outcome.STOP_TYPE)}'::envq.envelope_event],
-    ARRAY[NULL::envq.decision_kind], ARRAY[NULL::envq.cancel_cause],
-    ARRAY[0.0::float8], ARRAY[NULL::integer], ARRAY[NULL::jsonb])
-"""
-
-
-async def end_banning(node: Node, row: Row, type_: str, claimed_at: float) -> None:
-    """End a StopType attempt and blacklist its type in one transaction (the ban's
-    moves first, as in one process), so that no attempt of the type ends as banned
-    before the attempt that banned it. Tried again while the database is away, for as
-    long as the finisher would (four leases from the claim; then a reaper ends it). If
-    the attempt's token no longer holds (a late result), nothing is done: the type is
-    not banned either."""
-    import asyncpg  # noqa: PLC0415
-
-    pause = 0.05
-    while True:
-        try:
-            async with node._host._db().acquire() as conn:
-                transaction = conn.transaction()
-                await transaction.start()
-                try:
-                    await blacklist(conn, node.name, type_)
-                    ended = await conn.fetchval(_END_STOP_TYPE, row["seq"], row["lease_token"])
-                except BaseException:
-                    await transaction.rollback()
-                    raise
-                await (transaction.rollback() if ended is None else transaction.commit())
-            break
-        except lost(asyncpg) as err:
-            if time.monotonic() > claimed_at + node.lease * 4:
-                log.error("queue %r: could not end an attempt (%s)", node.name, err)
-                return
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 1.0)
-    node.counts_local["finished" if ended else "fenced"] += 1
-    if ended:
-        node.outcomes[Outcome.STOP_TYPE] = node.outcomes.get(Outcome.STOP_TYPE, 0) + 1

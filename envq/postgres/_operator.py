@@ -38,9 +38,8 @@ from envq._machine import (
     QueueCall,
     QueueState,
 )
-from envq.postgres._edges import check_capacity
+from envq.postgres._edges import CHANNEL, check_capacity
 from envq.postgres._loop import on_its_loop
-from envq.postgres._node import CHANNEL
 from envq.postgres.schema import discardable
 
 if TYPE_CHECKING:

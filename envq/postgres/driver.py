@@ -31,11 +31,11 @@ call that decided it; ``stats`` is answered from the same snapshot. A call's ``a
 splits them where the call returned; a ``send``, ``start`` or ``stop`` refused (which
 changed nothing) is placed where the driver received it, so what the nodes did while
 it ran comes after it. A ``send``, ``start``, ``stop`` or ``terminate`` also says
-where it took effect in the database (``effect``, see :func:`_effect`): the nodes go
-on between two commands, and the call is judged by the queue as what they did before
-it took effect left it. The ways this port differs from the in-process queue on
-purpose are declared in ``hello`` (:data:`DIVERGENCES`, explained in
-``docs/postgres.md``, section "Conformance").
+where it took effect in the database (``effect``, see
+:func:`envq.postgres._observed.effect`): the nodes go on between two commands, and
+the call is judged by the queue as what they did before it took effect left it. The
+ways this port differs from the in-process queue on purpose are declared in ``hello``
+(:data:`DIVERGENCES`, explained in ``docs/postgres.md``, section "Conformance").
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import envq
 from envq._machine import OUTCOMES, Action, Kind, Outcome, QueueState, StopMode
@@ -76,6 +76,18 @@ from envq.conform.protocol import (
     Plan,
     Policy,
 )
+from envq.postgres._declared import (
+    DIVERGENCES,
+    EFFECTIVE,
+    FEATURES,
+    REFUSED_AT_ONCE,
+    SETTLE_MAX,
+    SETTLE_SHARE,
+    STATEMENT_S,
+    real_poll,
+    share,
+)
+from envq.postgres._observed import Observations, Stop, effect, report
 from envq.postgres._queue import PgQueue
 
 if TYPE_CHECKING:
@@ -94,106 +106,7 @@ __all__ = [
     "on_success",
 ]
 
-#: The optional features of the protocol this driver declares.
-FEATURES: Final = (
-    "buffer",
-    "deadline",
-    "dedup",
-    "delay",
-    "no_retry",
-    "on_failure",
-    "on_success",
-    "periodic",
-    "restart",
-    "retry_policy",
-    "send_wait",
-    "stop_cancel",
-    "stop_envelope",
-    "stop_modes",
-    "stop_type",
-    "terminate_handback",
-    "late_cancel",
-    "late_due",
-    "leases",
-)
-
-_DOCS: Final = "docs/postgres.md#conformance"
-
-#: The deliberate differences from the in-process queue, by name, with the checks of
-#: the conformance oracle each one relaxes.
-DIVERGENCES: Final[tuple[dict[str, Any], ...]] = (
-    {
-        "name": "at-least-once execution, one committed end per attempt",
-        "checks": [],
-        "classification": "design",
-        "reference": _DOCS,
-    },
-    {
-        "name": "dedup by id",
-        "checks": [],
-        "classification": "design",
-        "reference": _DOCS,
-    },
-    {
-        "name": "hand-back returns re-created envelopes",
-        "checks": [],
-        "classification": "design",
-        "reference": _DOCS,
-    },
-    {
-        "name": "cancellation takes effect within a lease/poll period",
-        "checks": [],
-        "classification": "design",
-        "reference": _DOCS,
-    },
-    {
-        "name": "event order per envelope only",
-        "checks": [],
-        "classification": "design",
-        "reference": _DOCS,
-    },
-    {
-        "name": "reporting hooks run after the end commits",
-        "checks": [],
-        "classification": "design",
-        "reference": _DOCS,
-    },
-)
-
-#: The calls that, refused, are refused at once and change nothing: their ``at`` is
-#: where the driver received them (see :meth:`Session.handle`).
-REFUSED_AT_ONCE: Final = frozenset({"send", "start", "stop"})
-
-#: The calls whose answer carries ``effect``: where, among the observations, the call
-#: took effect in the database (see :func:`_effect`).
-EFFECTIVE: Final = frozenset({"send", "start", "stop", "terminate"})
-
-#: Real seconds the driver lets pass after a command for the nodes to settle, as a
-#: share of one model second (the smallest duration the harness generates is 1).
-SETTLE_SHARE: Final = 0.1
-#: The most real seconds a settle waits for the nodes to claim what they have room for.
-SETTLE_MAX: Final = 0.5
-
 log = logging.getLogger("envq.postgres.driver")
-
-
-#: Real seconds a keeper's statement may take on a loaded machine (a round trip to the
-#: server and a commit): with two polls, how late a due move may land (``due_latency``)
-#: and a committed cancel may reach an attempt (``cancel_latency``).
-STATEMENT_S: Final = 0.02
-
-
-def real_poll(scale: float) -> float:
-    """The nodes' poll in real seconds: a tenth of a model second, 5 to 50 ms. A node's
-    keeper reads a stop's cancel at its next round, in a statement, and acts in that
-    round: a cancel reaches an attempt within two polls and a statement of its commit
-    (``cancel_latency``)."""
-    return max(0.005, min(0.05, 0.1 * scale))
-
-
-def share(workers: int, nodes: int) -> list[int]:
-    """``workers`` shared out among ``nodes`` (the first ones get one more)."""
-    return [workers // nodes + (1 if i < workers % nodes else 0) for i in range(nodes)]
 
 
 # -- the envelopes' callables (module level: they cross processes by name) ---------------
@@ -281,16 +194,7 @@ async def on_success(env: envq.Envelope) -> None:
 # -- the session ---------------------------------------------------------------------------
 
 
-class _Stop:
-    """A stop under way, as the journal shows it: the attempts it let end, and those
-    it cancelled, in the order they ended."""
-
-    def __init__(self) -> None:
-        self.completed: list[str] = []
-        self.cancelled: list[str] = []
-
-
-class Session:
+class Session(Observations):
     """One conformance session: the queue's nodes, the scripted envelopes, and what
     was observed and not yet reported. Every method runs on the session's loop.
 
@@ -330,8 +234,8 @@ class Session:
         self.states: dict[str, str] = {}
         self.admitted: dict[str, int] = {}
         self.life = QueueState.INIT.value
-        self.run: _Stop | None = None
-        self.last_report: dict[str, Any] = _report([], [], [], complete=False)
+        self.run: Stop | None = None
+        self.last_report: dict[str, Any] = report([], [], [], complete=False)
         self.background: set[asyncio.Task[Any]] = set()
 
     # -- plumbing ---------------------------------------------------------------------
@@ -408,167 +312,6 @@ class Session:
 
     # -- the observations ---------------------------------------------------------------
 
-    async def collect(self, stats: bool = False) -> tuple[list[tuple[float, dict[str, Any]]], Any]:
-        """The observations made since the last collect, by time: the journal's rows
-        of one snapshot and this process's observations that precede it (see the
-        module's docstring); with ``stats``, the statistics of that snapshot."""
-        until = time.monotonic() + SETTLE_MAX
-        while True:
-            before, rows, counts = await self._snapshot(stats)
-            if counts is None or time.monotonic() >= until or not self._pending(*counts):
-                break
-            # A READY envelope a free worker has not claimed yet, or a stop with nothing
-            # left in flight: the nodes claim, and end the stop, within a poll; the
-            # statistics are those of a settled queue.
-            await asyncio.sleep(0.005)
-        fresh = [r for r in rows if r["n"] not in self.seen]
-        cutoff = max([before, *(r["at"] for r in fresh)])
-        # An on_failure call that decides is reported with the end of its attempt:
-        # until that end is committed, the attempt is still running as far as the
-        # database says. One that only reports comes after the end committed.
-        ends: dict[int, float] = {}
-        for r in fresh:
-            if r["seq"] is not None and r["event"].startswith("attempt_"):
-                ends[r["seq"]] = max(ends.get(r["seq"], 0.0), r["at"])
-        ended = {self._name_of(r): ends[r["seq"]] for r in fresh if r["seq"] in ends}
-        mine: list[tuple[float, dict[str, Any]]] = []
-        kept: list[tuple[float, dict[str, Any]]] = []
-        for wall, ev in self.pending:
-            early = wall <= cutoff
-            if early and ev["kind"] == "on_failure" and not ev.get("_reports"):
-                early = ended.get(ev["env"], -1.0) >= wall
-            (mine if early else kept).append((wall, ev))
-        self.pending = kept
-        found: list[tuple[float, float, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
-        for wall, tie, r in _in_order(fresh, self.life):
-            self.seen.add(r["n"])
-            event = self._move(r)
-            if event is not None:
-                found.append((wall, tie, event))
-        for _, _, ev in found:
-            self._reported(ev)
-        found.sort(key=lambda x: (x[0], x[1]))
-        return [(w, ev) for w, _, ev in found], counts
-
-    async def _snapshot(self, stats: bool) -> tuple[float, list[Any], Any]:
-        """One snapshot of the database: the wall time just before it, the journal's
-        rows and (with ``stats``) the queue's state and its envelopes by state."""
-        counts = None
-        async with self._pool().acquire() as conn, conn.transaction(isolation="repeatable_read"):
-            before = time.time()
-            await conn.fetchval("SELECT 1")  # the snapshot is taken here
-            rows = await conn.fetch(
-                "SELECT j.n, j.seq, j.from_state, j.to_state, j.event, j.queue_state,"
-                " e.id #>> '{}' AS id,"
-                " extract(epoch FROM j.at)::float8 AS at FROM envq.journal AS j"
-                " LEFT JOIN envq.envelopes AS e ON e.seq = j.seq"
-                " WHERE j.queue = $1 ORDER BY j.n",
-                self.queue_name,
-            )
-            if stats:
-                found = await conn.fetch(
-                    "SELECT state::text, count(*)::int AS n FROM envq.envelopes"
-                    " WHERE queue = $1 GROUP BY state",
-                    self.queue_name,
-                )
-                state = await conn.fetchval(
-                    "SELECT state::text FROM envq.queues WHERE name = $1", self.queue_name
-                )
-                counts = (state, {r["state"]: r["n"] for r in found})
-        return before, list(rows), counts
-
-    def _pending(self, state: str | None, by_state: dict[str, int]) -> bool:
-        """Whether the queue is in a passing state the nodes leave within a poll: a
-        READY envelope and a free worker to claim it, or a stop under way with nothing
-        READY or RUNNING (a node's keeper ends it: the last attempt's end does not)."""
-        ready, running = by_state.get("ready", 0), by_state.get("running", 0)
-        if state == QueueState.STOPPING.value and not ready and not running:
-            return True
-        total = sum(node.workers for node in self.nodes)
-        return state in ("running", "stopping") and ready > 0 and running < total
-
-    def _name_of(self, r: Any) -> str | None:
-        """The harness's name of a journal row's envelope (its ``id``)."""
-        if r["seq"] is None:
-            return None
-        if r["id"] is not None:
-            self.by_seq.setdefault(r["seq"], r["id"])
-        return self.by_seq.get(r["seq"])
-
-    def _move(self, r: Any) -> dict[str, Any] | None:
-        """The observation of one journal row (and the driver's view of the queue)."""
-        t = self.model(r["at"])
-        if r["seq"] is None:
-            frm, to = r["from_state"], r["to_state"]
-            self.life = to
-            if to == QueueState.STOPPING.value:
-                self.run = _Stop()
-            elif frm == QueueState.STOPPING.value and self.run is not None:
-                self.last_report = self._report(complete=True)
-                self.run = None
-            return {"t": t, "kind": "queue", "from": frm, "to": to}
-        name = self._name_of(r)
-        if name is None or name not in self.specs:
-            return None
-        event: str = r["event"]
-        outcome = event.removeprefix("attempt_") if event.startswith("attempt_") else None
-        frm = r["from_state"] or "new"
-        to = r["to_state"]
-        if frm == "new":
-            self.admitted[name] = r["n"]  # admission order: the journal's
-        elif to == "running":
-            self.claims[name].append((r["at"], r["seq"]))
-        self.states[name] = to
-        if outcome is not None and self.run is not None:
-            (self.run.cancelled if outcome == "cancelled" else self.run.completed).append(name)
-        return {
-            "t": t,
-            "kind": "move",
-            "env": name,
-            "from": frm,
-            "to": to,
-            "outcome": outcome,
-            "cause": self._cause_of(name, outcome, to, r["at"]),
-        }
-
-    def _reported(self, ev: dict[str, Any]) -> dict[str, Any]:
-        """``ev`` as it is reported, the driver's own notes dropped; an ``on_success``
-        call numbered: its attempt is the last claim of the envelope before the
-        attempt's invoke began, numbered among the claims of the same row (a row is a
-        stay: a re-sent envelope gets a new one)."""
-        ev.pop("_reports", None)
-        if ev["kind"] == "on_success":
-            invoked = ev.pop("_invoked", None)
-            claims = [c for c in self.claims[ev["env"]] if invoked is None or c[0] <= invoked]
-            row = claims[-1][1] if claims else None
-            ev["attempt"] = sum(1 for _, seq in claims if seq == row)
-        return ev
-
-    def _cause_of(self, name: str, outcome: str | None, to: str, at: float) -> str | None:
-        """The error behind the end of an attempt: the outcome's own (a retry policy
-        used up is ``max_retries``)."""
-        if outcome is None or outcome == "ok":
-            return None
-        spec = self.specs[name]
-        if (
-            outcome in ("error", "timeout")
-            and spec.policy is Policy.RETRY
-            and not spec.periodic
-            and to == "failed"
-        ):
-            return "max_retries"
-        if outcome in ("timeout", "cancelled"):
-            return outcome
-        before = [cause for wall, cause in self.raised[name] if wall <= at]
-        return before[-1] if before else outcome
-
-    def _report(self, *, complete: bool) -> dict[str, Any]:
-        parked = sorted(
-            (n for n, s in self.states.items() if s == "parked"), key=self.admitted.__getitem__
-        )
-        run = self.run or _Stop()
-        return _report(parked, run.completed, run.cancelled, complete=complete)
-
     async def settle(self) -> None:
         """Let the nodes catch up: a short pause, then (a bounded while) until the queue
         is in no passing state (:meth:`_pending`)."""
@@ -628,7 +371,7 @@ class Session:
             events = [ev for _, ev in timed]
             at = sum(1 for w, _ in timed if w <= placed)
             if cmd in EFFECTIVE:
-                response["effect"] = min(at, _effect(cmd, response["ok"], timed, received))
+                response["effect"] = min(at, effect(cmd, response["ok"], timed, received))
             if stats:
                 at = len(events)
                 response["result"] = self._stats(counts)
@@ -699,7 +442,7 @@ class Session:
         self.wait_default = bool(wait)
         self.life = QueueState.INIT.value
         self.run = None
-        self.last_report = _report([], [], [], complete=False)
+        self.last_report = report([], [], [], complete=False)
         self.states.clear()
         self.by_seq.clear()
         poll = real_poll(self.scale)
@@ -886,75 +629,6 @@ class Session:
     async def cmd_quit(self, command: dict[str, Any]) -> None:
         """End the session."""
         await self.close()
-
-
-def _in_order(rows: list[Any], life: str) -> list[tuple[float, float, Any]]:
-    """Journal rows in the order the database made their moves (``life``: the queue's
-    state before the first of them), each with the time and tie-break it is sorted
-    by: by the time its row was written, except that an envelope move that saw the
-    queue in a state the rows before it have left (it read the queue while a lifecycle
-    call was under way, then wrote its row after the call's) goes just before the
-    queue's move out of that state."""
-    placed: list[tuple[float, float, Any]] = []
-    for r in sorted(rows, key=lambda r: (r["at"], r["n"])):
-        seen = r["queue_state"]
-        if r["seq"] is None:
-            life = r["to_state"]
-        elif seen is not None and seen != life:
-            left = next(
-                (
-                    i
-                    for i in range(len(placed) - 1, -1, -1)
-                    if placed[i][2]["seq"] is None and placed[i][2]["from_state"] == seen
-                ),
-                None,
-            )
-            if left is not None:
-                wall, tie, _ = placed[left]
-                placed.insert(left, (wall, tie - 0.5, r))
-                continue
-        placed.append((r["at"], float(r["n"]), r))
-    return placed
-
-
-def _effect(cmd: str, ok: bool, timed: list[tuple[float, dict[str, Any]]], received: float) -> int:
-    """How many of ``events`` came before the call ``cmd`` took effect in the database:
-    before its first move where it has one (an admitted send's first admission; the
-    queue's move of a start, of a stop of a running queue, of a terminate); for a
-    terminate of a stopping queue, before the first move it caused (a park, a
-    cancelled attempt) or the queue's next move; otherwise (a call refused, or one that
-    moved nothing) where the driver ``received`` it (wall time): after the observations
-    made before that."""
-    early = sum(1 for wall, _ in timed if wall <= received)
-    for i, (_, ev) in enumerate(timed[early:], early) if ok else ():
-        if ev["kind"] == "queue":
-            mine = {
-                "start": ev["to"] == "running",
-                "stop": ev["from"] == "running",
-                "terminate": True,
-            }
-            if mine.get(cmd, False):
-                return i
-        elif ev["kind"] == "move":
-            if cmd == "send" and ev["from"] == "new":
-                return i
-            caused = ev["outcome"] == "cancelled" or (
-                ev["outcome"] is None and ev["to"] in ("parked", "returned")
-            )
-            if cmd == "terminate" and caused:
-                return i
-    return early
-
-
-def _report(
-    parked: list[str], completed: list[str], cancelled: list[str], *, complete: bool
-) -> dict[str, Any]:
-    return {
-        "parked": list(parked),
-        "completed": list(completed),
-        "cancelled": list(cancelled),
-        "complete": complete,
-    }
 
 
 class _Loop:

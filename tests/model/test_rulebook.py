@@ -185,8 +185,51 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    """The longest chain of modules each importing the next, in a graph without loops."""
+    best: dict[str, list[str]] = {}
+
+    def chain(node: str) -> list[str]:
+        if node not in best:
+            tails = [chain(nxt) for nxt in sorted(graph[node] - {node})]
+            best[node] = [node, *max(tails, key=len, default=[])]
+        return best[node]
+
+    return max((chain(node) for node in sorted(graph)), key=len, default=[])
+
+
+#: The longest chain of envq modules importing one another today (every import
+#: counted, type-only ones too; a package's re-exports not): a ceiling that only
+#: comes down as the layout is flattened.
+CHAIN_CEILING = 15
+
+
 class TestLayout:
-    """The package's structure: no import loop, no class too large to read."""
+    """The package's structure: no import loop, no module or class too large to read,
+    import chains no longer than they are."""
+
+    def test_no_module_is_over_800_lines(self) -> None:
+        """Every module of envq reads in one sitting: at most 800 lines."""
+        long = [
+            f"{path.relative_to(ROOT)} ({n})"
+            for path in sorted(ROOT.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > 800
+        ]
+        assert long == []
+
+    def test_the_import_chains_grow_no_longer(self) -> None:
+        """The longest chain of envq modules importing one another is at most
+        :data:`CHAIN_CEILING` modules."""
+        graph = import_graph()
+        packages = {m for m in graph if any(o.startswith(f"{m}.") for o in graph)}
+        modules = {m: deps - packages for m, deps in graph.items() if m not in packages}
+        chain = longest_chain(modules)
+        assert len(chain) <= CHAIN_CEILING, " -> ".join(chain)
+
+    def test_a_chain_is_measured(self) -> None:
+        """The chain finder can fail: it finds the longest of two chains."""
+        graph = {"a": {"b", "d"}, "b": {"c"}, "c": set(), "d": set(), "e": {"a"}}
+        assert longest_chain(graph) == ["e", "a", "b", "c"]
 
     def test_no_import_loop(self) -> None:
         """No envq module imports itself back, not even for type checking."""

@@ -17,7 +17,7 @@ from envq._machine import (
     moved_by,
 )
 from envq._rules import Room, by_policy, exhausted, failures_in_a_row, hook_number, refusal, room
-from envq.postgres import _node, schema
+from envq.postgres import _moves, schema
 
 LIMITED = envq.Retry(attempts=3, base=1.0, cap=30.0, jitter=False)
 UNLIMITED = envq.Retry(attempts=-1, base=0.5, cap=4.0, jitter=False)
@@ -195,7 +195,7 @@ class TestBroadcasts:
         assert armed == {EnvState.BUFFERED, EnvState.PARKED}
         assert armed == {s for (s, ev) in QUEUE_MOVES if ev is EnvEvent.START}
         assert armed.isdisjoint(moved_by(EnvEvent.SEND) - {EnvState.NEW})
-        listed = {s.strip("' ") for s in _node._ARMED_BY_START.split(",")}
+        listed = {s.strip("' ") for s in _moves._ARMED_BY_START.split(",")}
         assert listed == {s.value for s in armed}
         sql = schema.render()
         assert f"AND e.state IN ({', '.join(sorted(repr(s.value) for s in armed))})" in sql

@@ -27,7 +27,7 @@ import envq
 from envq._errors import BadEnvelopeType
 from envq._rules import Room, refusal
 from envq.postgres import AdmissionUnknown, PgQueue, StoreUnavailable
-from envq.postgres import _queue as queue_module
+from envq.postgres import _admit as admit_module
 from envq.postgres import node as node_command
 from envq.postgres._edges import committed
 from envq.postgres._server import ThrowawayServer
@@ -281,7 +281,7 @@ def _lose_send_commits(
 ) -> None:
     """Make the COMMIT of ``q``'s sends go through ``cut(connection, commit)``, which
     loses the connection around the real commit."""
-    admit = queue_module._admit
+    admit = admit_module._admit
 
     async def admitting(conn: Any, name: str, rows: Any) -> tuple[int, str, int]:
         found = await admit(conn, name, rows)
@@ -297,7 +297,7 @@ def _lose_send_commits(
         _SENDING.set(False)
         await cut(tx._connection, lambda: real(tx))
 
-    monkeypatch.setattr(queue_module, "_admit", admitting)
+    monkeypatch.setattr(admit_module, "_admit", admitting)
     monkeypatch.setattr(asyncpg.transaction.Transaction, "_Transaction__commit", commit)
 
 

@@ -22,6 +22,7 @@ import pytest
 import envq
 from envq.conform.protocol import PROTOCOL
 from envq.postgres import driver
+from envq.postgres._observed import effect
 from envq.postgres._server import ThrowawayServer
 
 #: A small run, on a time scale whose timing tolerance (a quarter of a model second,
@@ -325,10 +326,10 @@ def test_a_stop_or_terminate_takes_effect_at_the_queues_move_or_its_first_cancel
     stopping = _ev("queue", **{"from": "running"}, to="stopping")
     cancelled = _mv("a", "running", "parked", "cancelled")
     events = timed(_mv("z", "running", "succeeded", "ok"), claimed, stopping, cancelled)
-    assert driver._effect("stop", True, events, 0.5) == 2
-    assert driver._effect("terminate", True, events, 0.5) == 2
-    assert driver._effect("terminate", True, timed(claimed, cancelled), -1.0) == 1
-    assert driver._effect("stop", False, events, 0.5) == 1
-    assert driver._effect("send", True, timed(claimed), -1.0) == 0
+    assert effect("stop", True, events, 0.5) == 2
+    assert effect("terminate", True, events, 0.5) == 2
+    assert effect("terminate", True, timed(claimed, cancelled), -1.0) == 1
+    assert effect("stop", False, events, 0.5) == 1
+    assert effect("send", True, timed(claimed), -1.0) == 0
     started = _ev("queue", **{"from": "init"}, to="running")
-    assert driver._effect("start", True, timed(claimed, started), -1.0) == 1
+    assert effect("start", True, timed(claimed, started), -1.0) == 1

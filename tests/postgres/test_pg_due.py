@@ -115,3 +115,36 @@ async def test_a_move_into_delayed_is_journalled_at_the_instant_its_due_time_cou
         "retried": ("attempt_error", dt.timedelta(seconds=40)),
         "sent": ("send", dt.timedelta(seconds=60)),
     }
+
+
+async def test_a_stop_that_waited_for_a_move_is_journalled_after_it(pg_dsn: str) -> None:
+    """A stop's broadcast reads the clock when it starts; one of its rows may be moved
+    by another session meanwhile (here: a due move holding the row), and the stop's
+    park then comes after that move. Its time must too: an envelope's moves never go
+    back in time in the journal (the stop is stamped when it moves the row)."""
+    name = f"order-{uuid.uuid4().hex[:10]}"
+    async with PgQueue(pg_dsn, name, workers=0, poll=30.0, lease=30.0) as q:
+        db = q._db()
+        await db.execute("UPDATE envq.queues SET journal = true WHERE name = $1", name)
+        await q.start()
+        await q.send(envq.Envelope(invoke=pg_jobs.noop, id="held", delay=600.0))
+        seq = await db.fetchval("SELECT seq FROM envq.envelopes WHERE queue = $1", name)
+        async with db.acquire() as mover:
+            holding = mover.transaction()
+            await holding.start()
+            await mover.execute("SELECT FROM envq.envelopes WHERE seq = $1 FOR UPDATE", seq)
+            stopping = asyncio.create_task(q.stop(envq.StopMode.STOP))
+            await asyncio.sleep(0.3)  # the stop's broadcast waits for the row
+            await mover.execute(
+                "UPDATE envq.envelopes SET state = 'ready', event = 'due' WHERE seq = $1", seq
+            )
+            await holding.commit()
+        await stopping
+        rows = await db.fetch(
+            "SELECT to_state, extract(epoch FROM at)::float8 AS at FROM envq.journal"
+            " WHERE seq = $1 ORDER BY n",
+            seq,
+        )
+    assert [r["to_state"] for r in rows] == ["delayed", "ready", "parked"]
+    times = [r["at"] for r in rows]
+    assert times == sorted(times), times

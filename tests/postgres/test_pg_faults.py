@@ -464,12 +464,12 @@ async def test_a_flight_claimed_while_leases_are_renewed_is_not_taken_for_lost()
     import uuid  # noqa: PLC0415
 
     from envq._attempt import Worker  # noqa: PLC0415
-    from envq.postgres._node import _Flight  # noqa: PLC0415
+    from envq.postgres._flights import Flight  # noqa: PLC0415
     from envq.postgres._queue import PgQueue  # noqa: PLC0415
 
     q = PgQueue("postgresql://nowhere/none", "renewal", workers=2, node="n")._node
-    old = _Flight({"seq": 1, "lease_token": uuid.uuid4()}, Worker(0))
-    new = _Flight({"seq": 2, "lease_token": uuid.uuid4()}, Worker(0))
+    old = Flight({"seq": 1, "lease_token": uuid.uuid4()}, Worker(0))
+    new = Flight({"seq": 2, "lease_token": uuid.uuid4()}, Worker(0))
     q._flights[1] = old
 
     class Session:

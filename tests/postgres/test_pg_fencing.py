@@ -457,7 +457,7 @@ async def test_a_ban_racing_a_claim_leaves_no_attempt_of_the_type_unbanned(pg_ds
     statement and as RUNNING in the other."""
     import asyncpg  # noqa: PLC0415
 
-    from envq.postgres._node import blacklist  # noqa: PLC0415
+    from envq.postgres._moves import blacklist  # noqa: PLC0415
 
     name = f"ban-{uuid.uuid4().hex[:8]}"
     q = PgQueue(pg_dsn, name, workers=0)

@@ -46,6 +46,7 @@ def test_enough_mutants_of_every_engine_file() -> None:
             "_stats",
             "_envelope",
             "_limits",
+            "_task",
             "_tasks",
             "_background",
             "_schedule",
