@@ -559,10 +559,11 @@ BEGIN
        OR (TG_OP = 'UPDATE' AND NEW.updated_at = OLD.updated_at) THEN
         NEW.updated_at := clock_timestamp();
     END IF;
-    IF journal_on THEN
+    -- A send is journalled once its row is in the table (envq.journal_sends).
+    IF journal_on AND TG_OP = 'UPDATE' THEN
         -- The node whose attempt moved: the claimer, or the holder of the lease ended.
         PERFORM envq.journal_move(NEW, source, queue_now,
-            CASE WHEN TG_OP = 'UPDATE' THEN coalesce(NEW.lease_owner, OLD.lease_owner) END);
+                                  coalesce(NEW.lease_owner, OLD.lease_owner));
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
@@ -1130,14 +1131,7 @@ CREATE FUNCTION envq.journal_move(moved envq.envelopes, source envq.envelope_sta
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF source IS NOT NULL AND moved.state = source THEN
-        RETURN;
-    END IF;
-    -- A send of an id already live is a dedup: ON CONFLICT DO NOTHING skips the row
-    -- after this trigger ran, so it is not a move.
-    IF source IS NULL AND moved.id IS NOT NULL AND EXISTS (
-        SELECT FROM envq.envelopes AS d
-         WHERE d.queue = moved.queue AND d.id = moved.id AND d.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')) THEN
+    IF moved.state = source THEN
         RETURN;
     END IF;
     INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
@@ -1148,3 +1142,24 @@ END
 $$;
 COMMENT ON FUNCTION envq.journal_move IS
     'Appends one envelope move to the journal (called by the trigger when it is on).';
+
+-- A send is journalled after its statement, from the rows it inserted: a row that
+-- ON CONFLICT DO NOTHING skipped (a dedup) is not among them, and a row whose id was
+-- live in a transaction still ending is inserted only after that end committed (a
+-- BEFORE trigger, which runs first, could only guess at either).
+CREATE FUNCTION envq.journal_sends() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, queue_state, at)
+    SELECT s.queue, s.seq, NULL, s.state::text, 'send', q.state::text, s.updated_at
+      FROM new_rows AS s JOIN envq.queues AS q ON q.name = s.queue
+     WHERE q.journal
+     ORDER BY s.seq;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION envq.journal_sends() IS
+    'Appends the sends of a statement to the journal of the queues whose journal is on.';
+CREATE TRIGGER envelopes_journal_sends AFTER INSERT ON envq.envelopes
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.journal_sends();

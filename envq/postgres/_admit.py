@@ -19,6 +19,7 @@ from envq._errors import QueueNotRunning, TypeBlacklisted
 from envq._machine import (
     INITIAL,
     LIFECYCLE,
+    LIVE_STATES,
     QUEUE_MOVES,
     Arrival,
     EnvEvent,
@@ -45,10 +46,20 @@ _ARRIVAL: Final[Mapping[LifeAction, Arrival]] = {
     LifeAction.ADMIT: Arrival.NOW,
 }
 
-#: The send's instant is read once: the rows' time of arrival and what their due
-#: times are measured from.
-_INSERT: Final = """
-WITH now_ AS MATERIALIZED (SELECT clock_timestamp() AS t)
+_LIVE: Final = ", ".join(f"'{s.value}'" for s in sorted(LIVE_STATES, key=lambda s: s.value))
+
+#: The live envelopes of the batch's ids are locked first (FOR SHARE): one whose end
+#: is committing is waited for, and is no longer live after it; one that is live is
+#: kept live until the send commits, so its row is a dedup (ON CONFLICT DO NOTHING).
+#: The send's instant is read after that, once: the rows' time of arrival and what
+#: their due times are measured from (never before the end of an envelope it follows).
+_INSERT: Final = f"""
+WITH held AS MATERIALIZED (
+    SELECT e.seq FROM envq.envelopes AS e
+     WHERE e.queue = $1 AND e.id = ANY($2::text[]::jsonb[])
+       AND e.state IN ({_LIVE})
+       FOR SHARE),
+now_ AS MATERIALIZED (SELECT clock_timestamp() AS t FROM (SELECT count(*) FROM held) AS h)
 INSERT INTO envq.envelopes
     (queue, id, type, invoke, payload, kind, state, event, interval_s, schedule,
      deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at,

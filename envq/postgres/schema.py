@@ -568,7 +568,7 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         "-- Attempts under leases: claim, renew, finish (fenced by the lease token).\n",
         _leases(),
         CAPACITY,
-        JOURNAL.replace("{live}", live),
+        JOURNAL.replace("{send}", event_label(EnvEvent.SEND)),
     ]
     return "\n".join(parts)
 

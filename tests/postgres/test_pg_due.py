@@ -148,3 +148,66 @@ async def test_a_stop_that_waited_for_a_move_is_journalled_after_it(pg_dsn: str)
     assert [r["to_state"] for r in rows] == ["delayed", "ready", "parked"]
     times = [r["at"] for r in rows]
     assert times == sorted(times), times
+
+
+async def test_a_send_that_waited_for_an_end_of_its_id_is_journalled_after_it(
+    pg_dsn: str,
+) -> None:
+    """A send of an ``id`` whose live envelope is ending in another transaction waits
+    for that end (the dedup index), and is admitted after it or is a dedup; its moves
+    are never journalled before the end they waited for (the conformance check saw "an
+    attempt ended that never started": the new stay's admission timed before the old
+    stay's end). Here the send pauses inside its statement (a trigger of the test's,
+    before envq's) while the end commits."""
+    name = f"resend-{uuid.uuid4().hex[:10]}"
+    async with PgQueue(pg_dsn, name, workers=0, poll=30.0, lease=30.0) as q:
+        db = q._db()
+        await db.execute("UPDATE envq.queues SET journal = true WHERE name = $1", name)
+        await q.start()
+        await q.send(envq.Envelope(invoke=pg_jobs.noop, id="x"))
+        claimed = await db.fetchrow(
+            "SELECT seq, lease_token FROM envq.claim($1, 'elsewhere', 1, interval '30 s')", name
+        )
+        pause = f"a_pause_{name.replace('-', '_')}"
+        await db.execute(
+            f"CREATE FUNCTION envq.{pause}() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN PERFORM pg_sleep(0.5); RETURN NEW; END $$;"
+            f" CREATE TRIGGER {pause} BEFORE INSERT ON envq.envelopes FOR EACH ROW"
+            f" WHEN (NEW.queue = '{name}') EXECUTE FUNCTION envq.{pause}()"
+        )
+        try:
+            sending = asyncio.create_task(q.send(envq.Envelope(invoke=pg_jobs.noop, id="x")))
+            await asyncio.sleep(0.2)  # the send is in its statement, paused
+            async with db.acquire() as ender, ender.transaction():
+                ended = await ender.fetch(
+                    "SELECT * FROM envq.finish_many(ARRAY[$1::bigint], ARRAY[$2::uuid],"
+                    " ARRAY['attempt_ok'::envq.envelope_event], ARRAY[NULL::envq.decision_kind],"
+                    " ARRAY[NULL::envq.cancel_cause], ARRAY[0.0::float8], ARRAY[NULL::integer],"
+                    " ARRAY[NULL::jsonb])",
+                    claimed["seq"],
+                    claimed["lease_token"],
+                )
+                await asyncio.sleep(0.5)  # the send's insert waits for this commit
+            admitted = await sending
+        finally:
+            await db.execute(
+                f"DROP TRIGGER {pause} ON envq.envelopes; DROP FUNCTION envq.{pause}()"
+            )
+        rows = await db.fetch(
+            "SELECT j.n, j.seq, j.to_state, extract(epoch FROM j.at)::float8 AS at"
+            " FROM envq.journal AS j WHERE j.queue = $1 AND j.seq IS NOT NULL ORDER BY j.n",
+            name,
+        )
+    assert [r["state"] for r in ended] == ["succeeded"]
+    # Each stay admitted is journalled once, a dedup never.
+    stays = {r["seq"] for r in rows}
+    assert len(stays) == 1 + admitted
+    assert sum(
+        1
+        for r in rows
+        if r["to_state"] == "ready" and r["n"] == min(k["n"] for k in rows if k["seq"] == r["seq"])
+    ) == len(stays)
+    by_time = sorted(rows, key=lambda r: (r["at"], r["n"]))
+    assert [r["n"] for r in by_time] == [r["n"] for r in rows], [
+        (r["seq"], r["to_state"], round(r["at"] % 100, 4)) for r in by_time
+    ]

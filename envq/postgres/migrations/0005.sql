@@ -5,7 +5,10 @@
 -- the move's time (they were two readings: under load the journal's could be later,
 -- and a due move then looked early from it). The trigger stamps only a move the
 -- statement did not time (on a send: left at the default, the transaction's start).
--- envq.expire takes the instant.
+-- envq.expire takes the instant. A send is journalled after its statement, from the
+-- rows it inserted (envq.journal_sends): the BEFORE trigger journalled it before the
+-- dedup index had its say, so a send that waited for the end of its id's live
+-- envelope was left out of the journal, and a dedup could be put in.
 DROP FUNCTION envq.expire(bigint, uuid, envq.decision_kind, timestamptz, integer, jsonb);
 CREATE OR REPLACE FUNCTION envq.envelopes_check() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -91,10 +94,11 @@ BEGIN
        OR (TG_OP = 'UPDATE' AND NEW.updated_at = OLD.updated_at) THEN
         NEW.updated_at := clock_timestamp();
     END IF;
-    IF journal_on THEN
+    -- A send is journalled once its row is in the table (envq.journal_sends).
+    IF journal_on AND TG_OP = 'UPDATE' THEN
         -- The node whose attempt moved: the claimer, or the holder of the lease ended.
         PERFORM envq.journal_move(NEW, source, queue_now,
-            CASE WHEN TG_OP = 'UPDATE' THEN coalesce(NEW.lease_owner, OLD.lease_owner) END);
+                                  coalesce(NEW.lease_owner, OLD.lease_owner));
     END IF;
     NEW.event := NULL; NEW.decision := NULL; NEW.cause := NULL;
     NEW.wait := NULL; NEW.limited := NULL;
@@ -108,14 +112,7 @@ CREATE OR REPLACE FUNCTION envq.journal_move(moved envq.envelopes, source envq.e
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF source IS NOT NULL AND moved.state = source THEN
-        RETURN;
-    END IF;
-    -- A send of an id already live is a dedup: ON CONFLICT DO NOTHING skips the row
-    -- after this trigger ran, so it is not a move.
-    IF source IS NULL AND moved.id IS NOT NULL AND EXISTS (
-        SELECT FROM envq.envelopes AS d
-         WHERE d.queue = moved.queue AND d.id = moved.id AND d.state IN ('buffered', 'ready', 'delayed', 'running', 'parked')) THEN
+    IF moved.state = source THEN
         RETURN;
     END IF;
     INSERT INTO envq.journal (queue, seq, from_state, to_state, event, decision, cause,
@@ -310,5 +307,21 @@ COMMENT ON FUNCTION envq.expire IS
     'Ends an attempt whose lease expired (the reaper''s move), where the tables lead, '
     'only while that lease is still the attempt''s; NULL when it is not. at: the '
     'instant due_at was measured from, the move''s time (NULL: now).';
+CREATE FUNCTION envq.journal_sends() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO envq.journal (queue, seq, from_state, to_state, event, queue_state, at)
+    SELECT s.queue, s.seq, NULL, s.state::text, 'send', q.state::text, s.updated_at
+      FROM new_rows AS s JOIN envq.queues AS q ON q.name = s.queue
+     WHERE q.journal
+     ORDER BY s.seq;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION envq.journal_sends() IS
+    'Appends the sends of a statement to the journal of the queues whose journal is on.';
+CREATE TRIGGER envelopes_journal_sends AFTER INSERT ON envq.envelopes
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION envq.journal_sends();
 COMMENT ON SCHEMA envq IS 'envq schema version 5';
 INSERT INTO envq.schema_version (version, compatible_from) VALUES (5, 4);
