@@ -48,18 +48,24 @@ _ARRIVAL: Final[Mapping[LifeAction, Arrival]] = {
 
 _LIVE: Final = ", ".join(f"'{s.value}'" for s in sorted(LIVE_STATES, key=lambda s: s.value))
 
-#: The live envelopes of the batch's ids are locked first (FOR SHARE): one whose end
-#: is committing is waited for, and is no longer live after it; one that is live is
-#: kept live until the send commits, so its row is a dedup (ON CONFLICT DO NOTHING).
-#: The send's instant is read after that, once: the rows' time of arrival and what
-#: their due times are measured from (never before the end of an envelope it follows).
-_INSERT: Final = f"""
-WITH held AS MATERIALIZED (
-    SELECT e.seq FROM envq.envelopes AS e
-     WHERE e.queue = $1 AND e.id = ANY($2::text[]::jsonb[])
-       AND e.state IN ({_LIVE})
-       FOR SHARE),
-now_ AS MATERIALIZED (SELECT clock_timestamp() AS t FROM (SELECT count(*) FROM held) AS h)
+#: The send's instant, read once: the rows' time of arrival and what their due times
+#: are measured from.
+_NOW: Final = "now_ AS MATERIALIZED (SELECT clock_timestamp() AS t)"
+#: With ids ($19, the batch's), the live envelopes of those ids are locked first (FOR
+#: SHARE, found through the dedup index): one whose end is committing is waited for,
+#: and is no longer live after it; one that is live stays live until the send commits,
+#: so its row is a dedup (ON CONFLICT DO NOTHING). The instant is read after that: a
+#: send is never timed before the end of an envelope it follows. One index probe per
+#: id (a lateral subquery that locks is not flattened into a join the planner could
+#: turn into a scan of the whole queue).
+_HELD_NOW: Final = f"""held AS MATERIALIZED (
+    SELECT h.seq FROM unnest($19::text[]) AS k(id),
+           LATERAL (SELECT e.seq FROM envq.envelopes AS e
+                     WHERE e.queue = $1 AND e.id = k.id::jsonb AND e.state IN ({_LIVE})
+                       FOR SHARE) AS h),
+now_ AS MATERIALIZED (SELECT clock_timestamp() AS t FROM (SELECT count(*) FROM held) AS h)"""
+_INSERT: Final = """
+WITH {now}
 INSERT INTO envq.envelopes
     (queue, id, type, invoke, payload, kind, state, event, interval_s, schedule,
      deadline_s, before_hook, after_hook, on_success, on_failure, retry, due_at, origin_at,
@@ -78,6 +84,8 @@ SELECT $1, u.id::jsonb, u.type, u.invoke, u.payload::jsonb, u.kind::envq.envelop
  ORDER BY u.n
 ON CONFLICT DO NOTHING
 """
+_INSERT_PLAIN: Final = _INSERT.replace("{now}", _NOW)
+_INSERT_IDS: Final = _INSERT.replace("{now}", _HELD_NOW)
 
 
 async def admit_within(conn: _Conn, name: str, rows: Sequence[Encoded]) -> tuple[int, int]:
@@ -149,8 +157,9 @@ async def _admit(
         _SEND_TARGETS[Arrival.LATER if arrival is Arrival.NOW and enc.delay > 0 else arrival].value
         for enc in rows
     ]
+    ids = [e.id for e in rows if e.id is not None]
     status = await conn.execute(
-        _INSERT,
+        _INSERT_IDS if ids else _INSERT_PLAIN,
         name,
         [e.id for e in rows],
         [e.type for e in rows],
@@ -169,6 +178,7 @@ async def _admit(
         [e.delay for e in rows],
         [e.cron for e in rows],
         [e.cron_tz for e in rows],
+        *((ids,) if ids else ()),
     )
     xid = await conn.fetchval(
         "SELECT pg_current_xact_id()::text FROM pg_notify($1, $2)", CHANNEL, name
