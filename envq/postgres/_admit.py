@@ -157,7 +157,9 @@ async def _admit(
         _SEND_TARGETS[Arrival.LATER if arrival is Arrival.NOW and enc.delay > 0 else arrival].value
         for enc in rows
     ]
-    ids = [e.id for e in rows if e.id is not None]
+    # Not in a caller's transaction: the lock would last as long as it does, and a
+    # running envelope's lease renewals and end would wait for it.
+    ids = [] if caller else [e.id for e in rows if e.id is not None]
     status = await conn.execute(
         _INSERT_IDS if ids else _INSERT_PLAIN,
         name,
