@@ -55,13 +55,19 @@ _NOW: Final = "now_ AS MATERIALIZED (SELECT clock_timestamp() AS t)"
 #: SHARE, found through the dedup index): one whose end is committing is waited for,
 #: and is no longer live after it; one that is live stays live until the send commits,
 #: so its row is a dedup (ON CONFLICT DO NOTHING). The instant is read after that: a
-#: send is never timed before the end of an envelope it follows. One index probe per
-#: id (a lateral subquery that locks is not flattened into a join the planner could
-#: turn into a scan of the whole queue).
+#: send is never timed before the end of an envelope it follows. The rows are locked
+#: in seq order, as a batched end and a renewal lock theirs (no deadlock with either),
+#: each found by an index probe per id and locked by its key: lateral subqueries the
+#: planner cannot flatten into a join that scans the whole queue.
 _HELD_NOW: Final = f"""held AS MATERIALIZED (
-    SELECT h.seq FROM unnest($19::text[]) AS k(id),
+    SELECT h.seq
+      FROM (SELECT p.seq FROM unnest($19::text[]) AS k(id),
+                   LATERAL (SELECT e.seq FROM envq.envelopes AS e
+                             WHERE e.queue = $1 AND e.id = k.id::jsonb
+                               AND e.state IN ({_LIVE}) OFFSET 0) AS p
+             ORDER BY p.seq) AS s,
            LATERAL (SELECT e.seq FROM envq.envelopes AS e
-                     WHERE e.queue = $1 AND e.id = k.id::jsonb AND e.state IN ({_LIVE})
+                     WHERE e.seq = s.seq AND e.state IN ({_LIVE})
                        FOR SHARE) AS h),
 now_ AS MATERIALIZED (SELECT clock_timestamp() AS t FROM (SELECT count(*) FROM held) AS h)"""
 _INSERT: Final = """

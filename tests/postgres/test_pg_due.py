@@ -211,3 +211,40 @@ async def test_a_send_that_waited_for_an_end_of_its_id_is_journalled_after_it(
     assert [r["n"] for r in by_time] == [r["n"] for r in rows], [
         (r["seq"], r["to_state"], round(r["at"] % 100, 4)) for r in by_time
     ]
+
+
+async def test_a_send_locks_the_live_rows_of_its_ids_in_the_order_an_end_does(
+    pg_dsn: str,
+) -> None:
+    """A batched end locks its rows in seq order; a send of ids takes its locks on the
+    live rows of those ids in the same order, whatever the order of the ids, so the
+    two never wait for each other both ways (a deadlock, one of them refused)."""
+    name = f"order-ids-{uuid.uuid4().hex[:10]}"
+    async with PgQueue(pg_dsn, name, workers=0, poll=30.0, lease=30.0) as q:
+        db = q._db()
+        await q.start()
+        await q.send(
+            envq.Envelope(invoke=pg_jobs.noop, id="first"),
+            envq.Envelope(invoke=pg_jobs.noop, id="second"),
+        )
+        seqs = [
+            r["seq"]
+            for r in await db.fetch(
+                "SELECT seq FROM envq.envelopes WHERE queue = $1 ORDER BY seq", name
+            )
+        ]
+        async with db.acquire() as ender, ender.transaction():
+            # As an end of both would: the lower seq first.
+            await ender.execute("SELECT FROM envq.envelopes WHERE seq = $1 FOR UPDATE", seqs[0])
+            # The ids in the other order: locked in that order, the send would hold the
+            # second row while it waits for the first.
+            sending = asyncio.create_task(
+                q.send(
+                    envq.Envelope(invoke=pg_jobs.noop, id="second"),
+                    envq.Envelope(invoke=pg_jobs.noop, id="first"),
+                )
+            )
+            await asyncio.sleep(0.3)
+            await ender.execute("SET LOCAL lock_timeout = '3s'")
+            await ender.execute("SELECT FROM envq.envelopes WHERE seq = $1 FOR UPDATE", seqs[1])
+        assert await sending == 0  # both live: a dedup of each
