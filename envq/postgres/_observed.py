@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from envq.postgres._queue import PgQueue
 
-__all__ = ["Observations", "Stop", "effect", "in_order", "report"]
+__all__ = ["Observations", "Stop", "effect", "in_order", "merge", "report"]
 
 
 class Stop:
@@ -89,16 +89,16 @@ class Observations:
                 early = ended.get(ev["env"], -1.0) >= wall
             (mine if early else kept).append((wall, ev))
         self.pending = kept
-        found: list[tuple[float, float, dict[str, Any]]] = [(w, 0, ev) for w, ev in mine]
+        moves: list[tuple[float, float, float, float, dict[str, Any]]] = []
         for wall, tie, r in in_order(fresh, self.life):
             self.seen.add(r["n"])
             event = self._move(r)
             if event is not None:
-                found.append((wall, tie, event))
-        for _, _, ev in found:
+                moves.append((wall, tie, r["at"], float(r["n"]), event))
+        merged = merge(mine, moves)
+        for _, ev in merged:
             self._reported(ev)
-        found.sort(key=lambda x: (x[0], x[1]))
-        return [(w, ev) for w, _, ev in found], counts
+        return merged, counts
 
     async def _snapshot(self, stats: bool) -> tuple[float, list[Any], Any]:
         """One snapshot of the database: the wall time just before it, the journal's
@@ -218,6 +218,32 @@ class Observations:
         )
         run = self.run or Stop()
         return report(parked, run.completed, run.cancelled, complete=complete)
+
+
+def merge(
+    mine: list[tuple[float, dict[str, Any]]],
+    moves: list[tuple[float, float, float, float, dict[str, Any]]],
+) -> list[tuple[float, dict[str, Any]]]:
+    """This process's observations (``mine``: wall time, observation) and the
+    journal's moves (``moves``: the time and tie-break :func:`in_order` placed each
+    at, the row's own time and ``n``, its observation) in one order. A move placed
+    before the queue's move it preceded (a row written after that queue move, which
+    saw the queue as it was before) takes along the observations of its envelope
+    made between the two: they preceded the move (an attempt's ``invoke`` before the
+    end of that attempt), and are kept in their order among the moves placed there."""
+    keyed: list[tuple[tuple[float, float, float, float], dict[str, Any]]] = [
+        ((wall, tie, at, n), ev) for wall, tie, at, n, ev in moves
+    ]
+    moved = [(wall, tie, ev.get("env"), at) for wall, tie, at, _, ev in moves if wall < at]
+    for w, ev in mine:
+        key = (w, 0.0, w, 0.0)
+        for wall, tie, env, at in moved:
+            if env is not None and ev.get("env") == env and wall <= w <= at:
+                key = (wall, tie, w, 0.0)
+                break
+        keyed.append((key, ev))
+    keyed.sort(key=lambda item: item[0])
+    return [(key[0], ev) for key, ev in keyed]
 
 
 def in_order(rows: list[Any], life: str) -> list[tuple[float, float, Any]]:

@@ -22,7 +22,7 @@ import pytest
 import envq
 from envq.conform.protocol import PROTOCOL
 from envq.postgres import driver
-from envq.postgres._observed import effect
+from envq.postgres._observed import effect, in_order, merge
 from envq.postgres._server import ThrowawayServer
 
 #: A small run, on a time scale whose timing tolerance (a quarter of a model second,
@@ -333,3 +333,37 @@ def test_a_stop_or_terminate_takes_effect_at_the_queues_move_or_its_first_cancel
     assert effect("send", True, timed(claimed), -1.0) == 0
     started = _ev("queue", **{"from": "init"}, to="running")
     assert effect("start", True, timed(claimed, started), -1.0) == 1
+
+
+def test_an_end_placed_before_a_stop_it_preceded_keeps_its_invoke_before_it() -> None:
+    """A run of the PostgreSQL check (``I3 e2: an attempt ended that never started``):
+    a stop's queue move was stamped at 3.1968, committed later; e2's attempt was
+    invoked at 3.2110 and ended at 3.2939, its end seeing the queue still RUNNING, so
+    the end goes before the stop's move — and its invoke with it, before the end."""
+
+    def row(n: int, at: float, seq: int | None, frm: str, to: str, seen: str | None) -> Any:
+        return {
+            "n": n,
+            "at": at,
+            "seq": seq,
+            "from_state": frm,
+            "to_state": to,
+            "queue_state": seen,
+        }
+
+    claim = row(9, 3.1822, 2, "ready", "running", "running")
+    stop = row(10, 3.1968, None, "running", "stopping", None)
+    end = row(11, 3.2939, 2, "running", "delayed", "running")
+    park = row(12, 3.3856, 1, "delayed", "parked", "stopping")
+    placed = in_order([claim, stop, end, park], "running")
+    moves = [
+        (wall, tie, r["at"], float(r["n"]), {"n": r["n"], "env": f"e{r['seq']}"})
+        for wall, tie, r in placed
+    ]
+    invoke = (3.2110, {"kind": "invoke", "env": "e2"})
+    merged = [ev.get("n", ev.get("kind")) for _, ev in merge([invoke], moves)]
+    assert merged == [9, "invoke", 11, 10, 12]
+    # Another envelope's observation made after the stop's move stays after it.
+    other = (3.2110, {"kind": "invoke", "env": "e1"})
+    merged = [ev.get("n", ev.get("kind")) for _, ev in merge([other], moves)]
+    assert merged == [9, 11, 10, "invoke", 12]
