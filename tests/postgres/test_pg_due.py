@@ -15,10 +15,12 @@ import uuid
 
 import pg_jobs
 import pytest
+from pg_support import create_database
 
 import envq
 from envq.postgres import _ends
 from envq.postgres._queue import PgQueue
+from envq.postgres._server import ThrowawayServer
 
 asyncpg = pytest.importorskip("asyncpg")
 
@@ -151,15 +153,20 @@ async def test_a_stop_that_waited_for_a_move_is_journalled_after_it(pg_dsn: str)
 
 
 async def test_a_send_that_waited_for_an_end_of_its_id_is_journalled_after_it(
-    pg_dsn: str,
+    pg_server: ThrowawayServer,
 ) -> None:
     """A send of an ``id`` whose live envelope is ending in another transaction waits
     for that end (the dedup index), and is admitted after it or is a dedup; its moves
     are never journalled before the end they waited for (the conformance check saw "an
     attempt ended that never started": the new stay's admission timed before the old
     stay's end). Here the send pauses inside its statement (a trigger of the test's,
-    before envq's) while the end commits."""
+    before envq's) while the end commits. In a database of its own: creating and
+    dropping a trigger on the envelopes table would stall the other tests' statements
+    on a shared one."""
     name = f"resend-{uuid.uuid4().hex[:10]}"
+    database = f"pause_{uuid.uuid4().hex[:8]}"
+    await create_database(pg_server, database)
+    pg_dsn = pg_server.dsn(database)
     async with PgQueue(pg_dsn, name, workers=0, poll=30.0, lease=30.0) as q:
         db = q._db()
         await db.execute("UPDATE envq.queues SET journal = true WHERE name = $1", name)

@@ -65,13 +65,25 @@ class Recorder:
     def queue_moves(self) -> list[tuple[object, object]]:
         return [(e.from_state, e.to_state) for e in self.events if e.envelope is None]
 
+    def summary(self) -> str:
+        """Every event heard, briefly: ``id from->to(outcome)`` in order."""
+        return ", ".join(
+            f"{'queue' if e.envelope is None else e.envelope.id} {e.from_state.value}"
+            f"->{e.to_state.value}{'' if e.outcome is None else f'({e.outcome.value})'}"
+            for e in self.events
+        )
 
-async def until(check: Callable[[], bool], limit: float = 20.0) -> None:
-    """Wait for ``check`` to hold, failing after ``limit`` seconds."""
+
+async def until(
+    check: Callable[[], bool], limit: float = 20.0, heard: Recorder | None = None
+) -> None:
+    """Wait for ``check`` to hold, failing after ``limit`` seconds (saying what
+    ``heard`` had heard by then)."""
     end = time.monotonic() + limit
     while not check():
         if time.monotonic() > end:
-            raise AssertionError(f"not reached within {limit} s")
+            story = "" if heard is None else f"; heard: {heard.summary()}"
+            raise AssertionError(f"not reached within {limit} s{story}")
         await asyncio.sleep(0.02)
 
 
@@ -129,7 +141,11 @@ class TestEventsOfAnotherNode:
                         and sum(1 for x in rec.of("tick") if x[2] is Outcome.OK) >= 2
                         and len(rec.of("ok")) >= 3
                         and len(rec.of("failed")) >= 3
-                    )
+                    ),
+                    # Generous: on a loaded machine the journal's holes (moves of other
+                    # sessions not committed yet) are waited for, up to 5 s each.
+                    limit=60.0,
+                    heard=rec,
                 )
                 await prod.stop(envq.StopMode.STOP)
             await until(lambda: (QueueState.STOPPING, QueueState.STOPPED) in rec.queue_moves())
