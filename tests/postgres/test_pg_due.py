@@ -87,7 +87,7 @@ async def test_a_move_into_delayed_is_journalled_at_the_instant_its_due_time_cou
         # Sent to a running queue: delayed from the send's instant.
         await q.send(envq.Envelope(invoke=pg_jobs.noop, id="sent", delay=60.0))
         # Its attempt fails: the end delays it by the Retry's backoff, from the end's.
-        await q.send(envq.Envelope(invoke=pg_jobs.fail, id="retried", retry=far))
+        await q.send(envq.Envelope(invoke=pg_jobs.fail, id="retried-later", retry=far))
         async with asyncio.timeout(10):
             while (await q.counts()).get("delayed", 0) < 3:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
@@ -114,7 +114,7 @@ async def test_a_move_into_delayed_is_journalled_at_the_instant_its_due_time_cou
     assert waits == {
         "armed": ("start", dt.timedelta(seconds=50)),
         "expired": ("attempt_expired", dt.timedelta(seconds=70)),
-        "retried": ("attempt_error", dt.timedelta(seconds=40)),
+        "retried-later": ("attempt_error", dt.timedelta(seconds=40)),
         "sent": ("send", dt.timedelta(seconds=60)),
     }
 
