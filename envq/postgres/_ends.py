@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import asyncpg
 
 __all__ = [
+    "REAP_FLOOR",
     "RETIRE_BATCH",
     "RETIRE_EVERY",
     "Decided",
@@ -60,6 +61,10 @@ _Cause: TypeAlias = BaseException | None
 #: How often a node applies the queue's retention, and how many rows a statement of it
 #: removes at most (a backlog of old rows goes a batch a minute per node).
 RETIRE_EVERY: Final = 60.0
+#: The shortest pause between a node's reaper rounds, in seconds. A lease's expiry is
+#: found a third of a lease late at most anyway; a node polling fast for its sends
+#: (a short ``poll``) would otherwise scan the running rows that often for nothing.
+REAP_FLOOR: Final = 0.25
 RETIRE_BATCH: Final = 10_000
 _ENDED_STATES: Final = [state.value for state in discardable()]
 _RETIRE_ENVELOPES: Final = """

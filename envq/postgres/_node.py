@@ -48,6 +48,7 @@ from envq._values import HookTimeout
 from envq.postgres._codec import decode
 from envq.postgres._edges import CHANNEL, MAX_NODE_NAME, lost, redact
 from envq.postgres._ends import (
+    REAP_FLOOR,
     RETIRE_EVERY,
     Ended,
     Reaper,
@@ -474,7 +475,7 @@ class Node:
         what the queue's retention no longer keeps (:meth:`Reaper.retire`)."""
         import asyncpg  # noqa: PLC0415
 
-        period = min(self.lease / 3, self.poll)
+        period = min(self.lease / 3, max(self.poll, REAP_FLOOR))
         retired = -math.inf
         while True:
             try:
