@@ -57,6 +57,10 @@ from models.tables import (
     outcome_targets,
 )
 
+# The tables and the models are data: the same on every CPython (CI runs this on its
+# first only).
+pytestmark = pytest.mark.one_python
+
 # A lifecycle pair is one of: ("move", target), ("reject", error class), ("illegal",).
 Verdict = tuple[Any, ...]
 LIFE_PAIRS = list(itertools.product(QueueState, QueueCall))

@@ -4,9 +4,9 @@ For every envelope state (``NEW`` is an ``INSERT``), every event and every guard
 valuation the tables define, the database accepts exactly the target that
 ``envq._machine.target`` chooses and refuses every other state; for every (state,
 event) pair the tables do not define, it refuses them all. The situations are
-enumerated by ``models.tables.contexts`` (the same enumeration ``tests/test_models.py``
-proves the models equal to the tables with), not by the generator. The lifecycle
-table is checked the same way.
+enumerated by ``models.tables.contexts`` (the same enumeration
+``tests/model/test_models.py`` proves the models equal to the tables with), not by the
+generator. The lifecycle table is checked the same way.
 """
 
 from __future__ import annotations
