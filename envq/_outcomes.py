@@ -37,7 +37,7 @@ from envq._machine import (
     OutcomeRow,
     QueueState,
 )
-from envq._rules import by_policy, exhausted, failures_in_a_row, hook_number
+from envq._rules import exhausted, failure, hook_number
 from envq._values import Schedule
 
 __all__ = ["Perform", "Settler"]
@@ -253,16 +253,23 @@ class Settler:
         limited: bool,
     ) -> None:
         """Periodic failure: on_failure's decision if set, else the next interval."""
-        number = hook_number(True, rec.failures, rec.attempts)
-        failures = rec.failures = failures_in_a_row(rec.failures)
+        f = failure(
+            periodic=True,
+            hooked=env.on_failure is not None,
+            retry=None,
+            attempt=rec.attempts,
+            failures=rec.failures,
+        )
+        assert f.failures is not None
+        failures = rec.failures = f.failures
         at: float | None = None
-        if env.on_failure is None:
+        if f.hook is None:
             to = target
             delay, at = self._next_run(env, rec)
             if self.log_unhandled and not self.listeners.handlers:
                 self._log_periodic_failure(env, rec, failures, delay, cause)
         else:
-            decision = await self._runner.on_failure(w, env, cause, number)
+            decision = await self._runner.on_failure(w, env, cause, f.hook)
             if self._banned_meanwhile(w, env, rec, outcome, cause):
                 return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
@@ -323,18 +330,23 @@ class Settler:
     ) -> None:
         """One-off failure: on_failure's decision, else the Retry policy, else drop."""
         attempt = rec.attempts
-        to, delay = target, 0.0
-        if env.on_failure is not None:
-            decision = await self._runner.on_failure(w, env, cause, attempt)
+        f = failure(
+            periodic=False,
+            hooked=env.on_failure is not None,
+            retry=env.retry,
+            attempt=attempt,
+            failures=rec.failures,
+        )
+        to, delay = target, f.delay
+        if f.hook is not None:
+            decision = await self._runner.on_failure(w, env, cause, f.hook)
             if self._banned_meanwhile(w, env, rec, outcome, cause):
                 return
             to, delay = DECISION_TARGET[decision.kind], decision.delay
-        else:
-            verdict, delay = by_policy(env.retry, attempt)
-            if verdict is not None:
-                to = DECISION_TARGET[verdict]
-            else:
-                cause = exhausted(f"queue {self.name!r}", env.label(), env.retry, attempt, cause)
+        elif f.decision is not None:
+            to = DECISION_TARGET[f.decision]
+        elif f.spent:
+            cause = exhausted(f"queue {self.name!r}", env.label(), env.retry, attempt, cause)
         self._requeue(env, rec, outcome, to, delay, cause, retry=limited)
 
     def blacklist_type(self, culprit: Envelope) -> None:

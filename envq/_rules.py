@@ -5,8 +5,9 @@ functions here decide what a row leaves open — for a one-off failure that no
 ``on_failure`` hook decides, whether the envelope's :class:`~envq.Retry` policy puts
 it back and after how long, and the error its end reports when the policy allows no
 more attempts; for a periodic one, its count of failures in a row; for either, the
-number its ``on_failure`` hook is given; and whether a batch's new envelopes fit a
-queue's capacity, with the words of a refusal. The in-process engine
+number its ``on_failure`` hook is given (:func:`failure` says all of it for one failed
+attempt); and whether a batch's new envelopes fit a queue's capacity, with the words
+of a refusal. The in-process engine
 (:mod:`envq._outcomes`, :mod:`envq._admission`) and the PostgreSQL store
 (:mod:`envq.postgres._ends`, :mod:`envq.postgres._edges`) both call them; neither
 decides a retry, counts a periodic failure or words a capacity refusal by itself.
@@ -20,15 +21,19 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+import attrs
+
 from envq._errors import MaxRetriesExceeded
 from envq._machine import DecisionKind
 from envq._values import Retry
 
 __all__ = [
     "RETRY",
+    "Failure",
     "Room",
     "by_policy",
     "exhausted",
+    "failure",
     "failures_in_a_row",
     "hook_number",
     "refusal",
@@ -73,6 +78,52 @@ def hook_number(periodic: bool, failures: int, attempt: int) -> int:
     failures in a row including this run (``failures``: the count before it), a
     one-off envelope's attempt number (``attempt``, from 1)."""
     return failures_in_a_row(failures) if periodic else attempt
+
+
+@attrs.frozen
+class Failure:
+    """How a failed attempt is decided (:func:`failure`), before a store writes its end.
+
+    Exactly one of three decides: the envelope's ``on_failure`` hook (``hook`` is the
+    number to call it with, and its :class:`~envq.Decision` decides), else for a
+    periodic envelope its schedule (``next_run``: the next run, by the store's clock),
+    else a one-off envelope's :class:`~envq.Retry` policy (``decision`` and ``delay``;
+    ``decision`` None: the row's own target, FAILED, and ``spent`` says the policy
+    allowed no more attempts).
+    """
+
+    #: The number ``on_failure`` is called with (None: no hook decides).
+    hook: int | None
+    #: The policy's decision when nothing else decides (None: the row's own target).
+    decision: DecisionKind | None = None
+    #: Its delay, in seconds.
+    delay: float = 0.0
+    #: A periodic run that no hook decides: it waits for its schedule's next run.
+    next_run: bool = False
+    #: A periodic envelope's failures in a row once this run failed (None: one-off).
+    failures: int | None = None
+    #: A one-off envelope's policy allowed no more attempts: its end reports
+    #: ``MaxRetriesExceeded`` (:func:`exhausted`).
+    spent: bool = False
+
+
+def failure(
+    *, periodic: bool, hooked: bool, retry: Retry | None, attempt: int, failures: int
+) -> Failure:
+    """How a failed ``attempt`` (numbered from 1) is decided: ``periodic`` whether the
+    envelope runs on a schedule (``failures``: its failures in a row before this run),
+    ``hooked`` whether it has an ``on_failure`` hook (which then decides; a store that
+    cannot call it, not having the envelope's code, passes False), ``retry`` its
+    policy."""
+    if periodic:
+        in_a_row = failures_in_a_row(failures)
+        if hooked:
+            return Failure(hook_number(True, failures, attempt), failures=in_a_row)
+        return Failure(None, next_run=True, failures=in_a_row)
+    if hooked:
+        return Failure(hook_number(False, failures, attempt))
+    decision, delay = by_policy(retry, attempt)
+    return Failure(None, decision, delay, spent=decision is None and retry is not None)
 
 
 class Room(enum.Enum):

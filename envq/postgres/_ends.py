@@ -26,7 +26,7 @@ from envq._envelope import Envelope
 from envq._errors import MaxRetriesExceeded
 from envq._machine import OUTCOMES, Action, DecisionKind, EnvState, Kind, Outcome
 from envq._reports import ErrorInfo
-from envq._rules import by_policy, exhausted, failures_in_a_row, hook_number
+from envq._rules import exhausted, failure, hook_number
 from envq._schedule import Timing
 from envq._values import Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
@@ -144,19 +144,26 @@ def without_code(
                 retry = None if row["retry"] is None else Retry(**json.loads(row["retry"]))
             except (TypeError, ValueError):
                 retry = None
-            decision, delay = by_policy(retry, attempt)
-            if decision is not None:
+            f = failure(periodic=False, hooked=False, retry=retry, attempt=attempt, failures=0)
+            if f.decision is not None:
                 log.warning(
                     "%s: attempt %d failed; retried in %.3g s under its retry policy",
                     what,
                     attempt,
-                    delay,
+                    f.delay,
                 )
-                return decision, delay, None
+                return f.decision, f.delay, None
             log.warning("%s: attempt %d failed, and its retry policy allows no more", what, attempt)
             return DecisionKind.DROP, 0.0, None
         case Action.DECIDE_PERIODIC:
-            failures = failures_in_a_row(int(row["failures"]))
+            f = failure(
+                periodic=True,
+                hooked=False,
+                retry=None,
+                attempt=attempt,
+                failures=int(row["failures"]),
+            )
+            failures = f.failures
             try:
                 timing: Timing = (
                     Schedule(row["schedule"])
@@ -227,22 +234,25 @@ async def decide(
         case Action.RESCHEDULE:
             return None, next_run(env.schedule, env.interval, row, started, started_db), 0
         case Action.DECIDE | Action.DECIDE_PERIODIC:
-            periodic = action is Action.DECIDE_PERIODIC
-            failures = failures_in_a_row(int(row["failures"])) if periodic else None
-            if env.on_failure is not None:
+            f = failure(
+                periodic=action is Action.DECIDE_PERIODIC,
+                hooked=env.on_failure is not None,
+                retry=env.retry,
+                attempt=attempt,
+                failures=int(row["failures"]),
+            )
+            if f.hook is not None:
                 held = await hold()
                 if held is None:
                     return None
                 if held is not kind:  # relabelled meanwhile (banned, cancelled): no hook
-                    return None, 0.0, failures
-                number = hook_number(periodic, int(row["failures"]), attempt)
-                decision = await runner.on_failure(w, env, cause, number)
-                return decision.kind, decision.delay, failures
-            if periodic:
+                    return None, 0.0, f.failures
+                decision = await runner.on_failure(w, env, cause, f.hook)
+                return decision.kind, decision.delay, f.failures
+            if f.next_run:
                 wait = next_run(env.schedule, env.interval, row, started, started_db)
-                return None, wait, failures
-            verdict, delay = by_policy(env.retry, attempt)
-            return verdict, delay, None
+                return None, wait, f.failures
+            return f.decision, f.delay, None
         case Action.REPORT_FAILURE | Action.END | Action.SHELVE | Action.BLACKLIST:
             return None, 0.0, None
         case _:

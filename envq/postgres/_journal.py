@@ -44,6 +44,7 @@ from envq._machine import (
     QueueState,
 )
 from envq._reports import Event
+from envq._rules import exhausted
 from envq.postgres._codec import decode
 
 if TYPE_CHECKING:
@@ -465,8 +466,9 @@ class Follower:
             and env.retry is not None
             and env.on_failure is None
         ):
-            return MaxRetriesExceeded(
-                f"queue {self.name!r}: {env.label()} failed: its {env.retry.attempts} "
-                "attempts are spent"
+            # Ended FAILED by its policy: at the last attempt the policy allows.
+            error = exhausted(
+                f"queue {self.name!r}", env.label(), env.retry, env.retry.attempts, None
             )
+            return error if isinstance(error, MaxRetriesExceeded) else None
         return None

@@ -16,7 +16,17 @@ from envq._machine import (
     LifeAction,
     moved_by,
 )
-from envq._rules import Room, by_policy, exhausted, failures_in_a_row, hook_number, refusal, room
+from envq._rules import (
+    Failure,
+    Room,
+    by_policy,
+    exhausted,
+    failure,
+    failures_in_a_row,
+    hook_number,
+    refusal,
+    room,
+)
 from envq.postgres import _moves, schema
 
 LIMITED = envq.Retry(attempts=3, base=1.0, cap=30.0, jitter=False)
@@ -59,17 +69,84 @@ def test_a_spent_policy_reports_max_retries_exceeded_chained_to_the_error(attemp
     assert error.__cause__ is cause
 
 
-def test_both_stores_call_the_rules_and_decide_no_retry_themselves() -> None:
-    """The retry decision is not written again in either store: neither calls
-    ``Retry.allows`` or builds a ``MaxRetriesExceeded`` outside envq._rules."""
+def _stores() -> list[tuple[str, str]]:
+    """Every runtime module of envq but the rules layer, with its text."""
     from pathlib import Path  # noqa: PLC0415
 
     root = Path(envq.__file__).parent
-    for path in (root / "_outcomes.py", root / "postgres" / "_ends.py"):
-        text = path.read_text()
-        assert "by_policy(" in text, path
-        assert ".allows(" not in text, path
-        assert "MaxRetriesExceeded(" not in text, path
+    skip = {root / "_rules.py", root / "_values.py", root / "_schedule.py"}
+    return [
+        (str(path.relative_to(root)), path.read_text())
+        for path in sorted(root.rglob("*.py"))
+        if path not in skip and "conform" not in path.parts and "demo" not in path.parts
+    ]
+
+
+def test_both_stores_call_the_rules_and_decide_no_retry_themselves() -> None:
+    """The retry decision is not written again in either store: both decide a failed
+    attempt with ``failure``, and no module of envq's runtime but the rules layer
+    (and ``Retry`` itself) calls ``Retry.allows`` or ``Retry.delay`` or builds a
+    ``MaxRetriesExceeded``."""
+    import re  # noqa: PLC0415
+
+    texts = dict(_stores())
+    for name in ("_outcomes.py", "postgres/_ends.py"):
+        assert "failure(" in texts[name], name
+    for name, text in texts.items():
+        assert ".allows(" not in text, name
+        assert "retry.delay(" not in text, name
+        assert not re.search(r"(?<!class )MaxRetriesExceeded\(", text), name
+        assert "by_policy(" not in text, name
+
+
+def test_the_walk_sees_both_stores() -> None:
+    """The walk above reads both stores' modules (a walk that read none would pass)."""
+    names = {name for name, _text in _stores()}
+    assert {"_outcomes.py", "postgres/_ends.py", "postgres/_node.py", "_queue.py"} <= names
+    assert "_rules.py" not in names
+
+
+_LATE = Failure(None, next_run=True, failures=5)
+
+
+@pytest.mark.parametrize(
+    ("periodic", "hooked", "retry", "attempt", "failures", "expected"),
+    [
+        # A hook decides whenever there is one: called with the attempt's number...
+        (False, True, None, 1, 0, Failure(1)),
+        (False, True, LIMITED, 3, 0, Failure(3)),  # ...even past the policy's last
+        # ...or a periodic envelope's failures in a row, this run's included.
+        (True, True, None, 9, 0, Failure(1, failures=1)),
+        (True, True, LIMITED, 2, 4, Failure(5, failures=5)),
+        # No hook: a periodic run waits for its schedule, whatever its policy.
+        (True, False, None, 1, 4, _LATE),
+        (True, False, UNLIMITED, 1, 4, _LATE),
+        # No hook, one-off: the policy, and spent once it allows no more.
+        (False, False, None, 1, 0, Failure(None)),
+        (False, False, LIMITED, 1, 0, Failure(None, DecisionKind.RETRY_AFTER, 1.0)),
+        (False, False, LIMITED, 2, 0, Failure(None, DecisionKind.RETRY_AFTER, 2.0)),
+        (False, False, LIMITED, 3, 0, Failure(None, spent=True)),
+        (False, False, LIMITED, 4, 0, Failure(None, spent=True)),
+        (False, False, UNLIMITED, 100, 0, Failure(None, DecisionKind.RETRY_AFTER, 4.0)),
+    ],
+)
+def test_how_a_failed_attempt_is_decided(
+    periodic: bool,
+    hooked: bool,
+    retry: envq.Retry | None,
+    attempt: int,
+    failures: int,
+    expected: Failure,
+) -> None:
+    got = failure(periodic=periodic, hooked=hooked, retry=retry, attempt=attempt, failures=failures)
+    assert got == expected
+    # Exactly one decides: the hook, the schedule, or the policy.
+    assert (got.hook is not None) + got.next_run <= 1
+    assert not got.spent or (got.decision is None and got.hook is None)
+    # spent says what exhausted reports.
+    error = exhausted("queue 'q'", "e", retry, attempt, RuntimeError("x"))
+    if not periodic and not hooked:
+        assert got.spent == isinstance(error, envq.MaxRetriesExceeded)
 
 
 @pytest.mark.parametrize(
@@ -91,14 +168,10 @@ def test_the_number_a_hook_is_given_and_the_failures_in_a_row(
 def test_both_stores_count_a_periodic_failure_through_the_rules() -> None:
     """Neither store counts a periodic failure or numbers a hook's call by itself."""
     import re  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
 
-    root = Path(envq.__file__).parent
-    for path in (root / "_outcomes.py", root / "postgres" / "_ends.py"):
-        text = path.read_text()
-        assert "failures_in_a_row(" in text, path
-        assert "hook_number(" in text, path
-        assert not re.search(r"failures\"?\]?\)? \+ 1", text), path
+    for name, text in _stores():
+        assert "failures_in_a_row(" not in text, name
+        assert not re.search(r"failures\"?\]?\)? \+ 1", text), name
 
 
 @pytest.mark.parametrize(
