@@ -1,4 +1,5 @@
-"""Frozen value objects: decisions, retry policy, hook budgets, events, reports, statistics."""
+"""Frozen value objects: decisions, retry policy, hook budgets, statistics (events and
+reports are :mod:`envq._reports`')."""
 
 from __future__ import annotations
 

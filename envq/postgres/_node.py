@@ -5,10 +5,12 @@ READY envelopes (``envq.claim``: ``FOR UPDATE SKIP LOCKED``, a lease with a fenc
 token each) and runs their attempts with envq's attempt runner; the outcome row of
 each attempt is performed as far as a node decides (hooks, the failure decision, the
 delay of a next run), and the finisher ends the attempts of the moment in one
-statement (``envq.finish_many``), each fenced by its token. The keeper renews the
-node's leases in one statement, moves due envelopes, reaps expired leases of any node
-(the ``EXPIRED`` outcome), follows the lifecycle row and opens the listening session
-again when it was lost. Where each envelope goes is the database's to compute from
+statement (``envq.finish_and_claim``, which claims their successors too), each fenced
+by its token. Three background tasks keep the rest, none waiting for another: the
+renewer renews the leases of the tokens the node holds in one statement; the keeper
+moves due envelopes, follows the lifecycle row and opens the listening session again
+when it was lost; the reaper ends expired attempts of any node (the ``EXPIRED``
+outcome). Where each envelope goes is the database's to compute from
 the tables; nothing here writes a state.
 """
 

@@ -8,7 +8,7 @@ with that id) or by their row's ``seq`` (what ``python -m envq.postgres list`` s
 
 * **cancel**: a live envelope that is not running ends STOPPED; a running one's row
   group is relabelled CANCELLED (its end is STOPPED whatever its outcome, no hook) and
-  its node, told at its next renewal (or at once, notified), asks the attempt to stop;
+  its node, told at its next renewal, asks the attempt to stop;
 * **retry**: an envelope that ended FAILED or STOPPED goes back to READY (BUFFERED
   before the first start), checked as a send is (the lifecycle's SEND row, the
   blacklist, dedup by ``id``, the capacity; all or nothing), keeping its story;

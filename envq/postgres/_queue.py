@@ -13,14 +13,15 @@ envelope — and leaves the target of every move to the tables compiled into SQL
 A process that calls :meth:`PgQueue.start` is a *node*: it runs up to ``workers``
 attempts at once. Its pump claims READY envelopes (``envq.claim``: ``FOR UPDATE SKIP
 LOCKED``, a lease with a fencing token each) and starts their attempts with envq's
-attempt runner; an attempt ends through ``envq.finish``, which commits only while the
-token holds. A keeper renews all the node's leases in one statement, moves due
-DELAYED envelopes to READY, reaps attempts whose lease expired on any node (the
-``EXPIRED`` outcome, decided by the envelope's own policy like a timeout), follows
-the lifecycle row (a stop or terminate made by any node) and finishes a stop once
-nothing is left to drain. LISTEN/NOTIFY wakes the pump when envelopes arrive; polling
-is the fallback, so a node without a listening session (behind a pooler in transaction
-mode, ``pooler="transaction"`` without ``listen_dsn``) costs latency, not correctness.
+attempt runner; an attempt ends through ``envq.finish_and_claim``, which commits only
+while the token holds. A renewer renews the leases of the tokens the node holds in
+one statement; a keeper moves due DELAYED envelopes to READY and follows the
+lifecycle row (a stop or terminate made by any node), finishing a stop once nothing
+is left to drain; a reaper ends attempts whose lease expired on any node (the
+``EXPIRED`` outcome, decided by the envelope's own policy like a timeout).
+LISTEN/NOTIFY wakes the pump when envelopes arrive; polling is the fallback, so a node
+without a listening session (behind a pooler in transaction mode,
+``pooler="transaction"`` without ``listen_dsn``) costs latency, not correctness.
 
 Every node reads the lifecycle from the one row, so ``stop()`` on any node stops the
 queue everywhere, and ``terminate()`` hands back every envelope, re-created from its

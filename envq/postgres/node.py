@@ -91,7 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=30.0, help="lease seconds")
     parser.add_argument("--poll", type=float, default=1.0, help="poll seconds")
     parser.add_argument("--node", help="this node's name (default: host-pid-random)")
-    parser.add_argument("--install", action="store_true", help="create the schema if missing")
+    parser.add_argument(
+        "--install",
+        action="store_true",
+        help="create the schema if missing, or upgrade an older one",
+    )
     parser.add_argument(
         "--pooler",
         choices=POOLERS,
