@@ -123,7 +123,11 @@ async def end_banning(
                     raise
                 await (transaction.rollback() if ended is None else transaction.commit())
             break
-        except lost(asyncpg) as err:
+        except lost(asyncpg, asyncpg.DeadlockDetectedError) as err:
+            # A deadlock: a reaper holding a running row of the type (its decision
+            # under way) waits for the queue's row the ban holds, and the ban for that
+            # row. When the database ends this transaction rather than the reaper's,
+            # the ban is tried again, as after a lost session.
             if time.monotonic() > give_up:
                 log.error("queue %r: could not end an attempt (%s)", queue, err)
                 return

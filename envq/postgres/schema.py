@@ -87,6 +87,7 @@ from envq.postgres._sql import (
     FINISH_UPDATE,
     JOURNAL,
     LEASES,
+    LOCK_QUEUES_OF_SEQS,
     QUEUE_CHECK,
     SCHEDULES,
 )
@@ -357,6 +358,7 @@ def _leases() -> str:
             ).replace("RETURNING e.seq, e.state", "RETURNING e.*"),
         )
         .replace("{finish_update}", FINISH_UPDATE)
+        .replace("{lock_queues_of_seqs}", LOCK_QUEUES_OF_SEQS)
         .replace("{dispatch}", event_label(EnvEvent.DISPATCH))
         .replace("{ready}", EnvState.READY.value)
         .replace("{running}", dispatched.value)

@@ -4,6 +4,7 @@ of a running queue that skipped its stop, and a start that forgot the wait left.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -215,29 +216,37 @@ async def test_a_resend_while_its_attempt_ends_is_counted_once(pg_dsn: str) -> N
         assert await _states(q) == {"ready": 2, "succeeded": 1}
 
 
-@pytest.mark.parametrize(("mode", "parked"), [("stop", 1), ("drain", 1)])
-async def test_an_end_that_read_the_queue_running_is_parked_before_the_stop_ends(
-    pg_dsn: str, mode: str, parked: int
+@pytest.mark.parametrize("mode", ["stop", "drain"])
+async def test_a_stop_waits_for_an_end_in_progress_and_parks_what_it_left(
+    pg_dsn: str, mode: str
 ) -> None:
-    """An attempt's end reads the queue RUNNING and commits after a stop moved the
-    envelopes: its envelope, DELAYED for a retry, is parked before the queue may be
-    STOPPED (not left DELAYED in a stopped queue)."""
+    """An attempt's end holds the queue's row while it computes where its envelope
+    goes (here: DELAYED for a retry, the queue RUNNING); a stop begun meanwhile waits
+    for the end to commit, then parks the envelope with the others. (Before, the stop
+    went ahead, the end committed DELAYED after the stop's moves, and a terminate then
+    left the envelope live in a terminated queue. The other order, the end during the
+    stop's moves: ``test_pg_end_during_stop.py``.)"""
     async with PgQueue(pg_dsn, _name(), workers=0) as q:
         db = q._db()
         await q.start()
         await q.send(envq.Envelope(invoke=invoke, id="a"))
         claimed = await db.fetchrow("SELECT * FROM envq.claim($1, 'tester', 1, '1 hour')", q.name)
         assert claimed is not None
-        async with db.acquire() as ending, ending.transaction():
+        async with db.acquire() as ending:
+            ending_tx = ending.transaction()
+            await ending_tx.start()
             ended = await ending.fetchval(
                 "SELECT envq.finish($1, $2, 'attempt_error', 'retry_after', NULL, false,"
                 " clock_timestamp() + interval '1 hour')",
                 claimed["seq"],
                 claimed["lease_token"],
             )
-            assert ended == "delayed"  # read RUNNING; not committed yet
-            await q.stop(envq.StopMode(mode), wait=False)
-        assert await _states(q) == {"delayed": 1}  # committed after the stop's moves
+            assert ended == "delayed"  # the queue RUNNING; not committed yet
+            stopping = asyncio.create_task(q.stop(envq.StopMode(mode), wait=False))
+            await asyncio.sleep(0.3)
+            assert not stopping.done()  # the stop waits for the end
+            await ending_tx.commit()
+        await stopping
+        assert await _states(q) == {"parked": 1}  # parked by the stop's own moves
         await q.wait_stopped()
         assert await q.state() is envq.QueueState.STOPPED
-        assert await _states(q) == {"parked": parked}

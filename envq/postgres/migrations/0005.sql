@@ -9,6 +9,9 @@
 -- rows it inserted (envq.journal_sends): the BEFORE trigger journalled it before the
 -- dedup index had its say, so a send that waited for the end of its id's live
 -- envelope was left out of the journal, and a dedup could be put in.
+-- An end (finish, finish_many, finish_and_claim, expire) holds its queue's row FOR
+-- SHARE before it computes its target: an end that read a stop not yet committed as
+-- RUNNING left a retry DELAYED in a stopped queue, stranded by a later terminate.
 DROP FUNCTION envq.expire(bigint, uuid, envq.decision_kind, timestamptz, integer, jsonb);
 CREATE OR REPLACE FUNCTION envq.envelopes_check() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -165,6 +168,42 @@ $$;
 COMMENT ON FUNCTION envq.broadcast IS
     'A queue-side event (start, stop, terminate) applied to every live envelope of a '
     'queue it moves, each where the tables lead (RUNNING ones are left to their attempts).';
+CREATE OR REPLACE FUNCTION envq.finish(seq bigint, token uuid, outcome envq.envelope_event,
+                            decision envq.decision_kind DEFAULT NULL,
+                            cause envq.cancel_cause DEFAULT NULL,
+                            limited boolean DEFAULT false,
+                            due_at timestamptz DEFAULT NULL,
+                            failures integer DEFAULT NULL,
+                            error jsonb DEFAULT NULL)
+RETURNS envq.envelope_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    ended envq.envelope_state;
+BEGIN
+    -- The queue's row first (see finish_many): the end's target is computed from the
+    -- lifecycle state a stop in progress has committed.
+    PERFORM FROM envq.queues AS q
+     WHERE q.name = (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = finish.seq)
+       FOR SHARE;
+    UPDATE envq.envelopes AS e
+       SET state = envq.envelope_target('running', outcome, e.kind, q.state, false,
+                                        finish.decision, finish.cause, q.stop_mode,
+                                        coalesce(finish.limited, false)),
+           event = outcome, decision = finish.decision, cause = finish.cause,
+           limited = coalesce(finish.limited, false), due_at = finish.due_at,
+           failures = coalesce(finish.failures, e.failures), ended_token = e.lease_token,
+           last_error = coalesce(finish.error, e.last_error),
+           history = CASE WHEN finish.error IS NULL THEN e.history
+                          ELSE envq.story(e.history, e.attempt, outcome, e.updated_at,
+                                          e.lease_owner, finish.error) END,
+           lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM envq.queues AS q
+     WHERE e.seq = finish.seq AND q.name = e.queue AND e.state = 'running'
+       AND e.lease_token = finish.token AND e.lease_expires_at > clock_timestamp()
+    RETURNING e.state INTO ended;
+    RETURN ended;
+END
+$$;
 CREATE OR REPLACE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
                                  outcomes envq.envelope_event[],
                                  decisions envq.decision_kind[],
@@ -172,6 +211,18 @@ CREATE OR REPLACE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
                                  failures integer[], errors jsonb[])
 RETURNS TABLE (seq bigint, state envq.envelope_state)
 LANGUAGE sql AS $$
+    -- An end computes its target from the queue's lifecycle state, so it holds the
+    -- queue's row (FOR SHARE) from a statement before its UPDATE: a lifecycle call
+    -- (FOR UPDATE of the row, then its broadcast) either waits for the end to commit,
+    -- and its broadcast moves what the end left (a stop parks a retry's DELAYED row),
+    -- or commits first, and the end's UPDATE, a later statement, reads its state.
+    -- Read in the UPDATE alone, a stop not yet committed was RUNNING to the end, and
+    -- an end committed after the stop's broadcast had read its row RUNNING left a
+    -- retry DELAYED in a stopped queue, which no later call moves.
+    SELECT FROM envq.queues AS q
+     WHERE q.name IN (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(seqs))
+     ORDER BY q.name
+       FOR SHARE;
     WITH f AS MATERIALIZED (
         SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures,
                              errors)
@@ -220,6 +271,11 @@ BEGIN
     -- The ends (as finish_many; every returned row is not RUNNING), then in the same
     -- transaction, durable, the claim of up to how_many (RUNNING, owned by owner): a
     -- node that ends attempts starts the next ones in one round trip.
+    PERFORM FROM envq.queues AS q
+     WHERE q.name = queue_name
+        OR q.name IN (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(end_seqs))
+     ORDER BY q.name
+       FOR SHARE;
     RETURN QUERY
     WITH f AS MATERIALIZED (
         SELECT * FROM unnest(end_seqs, end_tokens, end_outcomes, end_decisions, end_causes,
@@ -285,6 +341,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     ended envq.envelope_state;
 BEGIN
+    -- The queue's row first (see finish_many).
+    PERFORM FROM envq.queues AS q
+     WHERE q.name = (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = expire.seq)
+       FOR SHARE;
     UPDATE envq.envelopes AS e
        SET state = envq.envelope_target('running', 'attempt_expired', e.kind, q.state, false,
                                         expire.decision, NULL, q.stop_mode, false),
