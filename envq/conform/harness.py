@@ -137,6 +137,13 @@ class Harness:
         the call under way), run ``check`` on the response (the queue as it was then),
         then feed it the rest.
 
+        A call the port refused at once may say it took effect somewhere from
+        ``effect`` to ``effect_until`` (a port whose calls and moves commit on several
+        sessions cannot always tell which of the moves made around the call it saw):
+        it is judged at the first point of that range where the model explains the
+        refusal, and fails only if none does — the harness asks only what the port's
+        answers make certain.
+
         A port on the real clock goes on between commands: an envelope may fall due,
         start or end after the previous answer and before the call reaches the queue.
         Such a port says so with ``effect`` (the observations before the call took
@@ -161,16 +168,29 @@ class Harness:
         events = response.get("events", [])
         at = int(response.get("at", len(events)))
         effect = int(response.get("effect", 0))
+        until = int(response.get("effect_until", effect))
         oracle = self.oracle
         self._observe(events[:effect])
-        if prepare is not None:
+        judged = False
+        if prepare is not None and check is not None and until > effect and not response["ok"]:
+            # Judged where the model explains the refusal: each point of the range in
+            # turn, the call checked at once (nothing moves between the two).
+            while effect < until and not judged:
+                prepare()
+                try:
+                    check(response)
+                    judged = True
+                except Violation:
+                    self._observe(events[effect : effect + 1])
+                    effect += 1
+        if prepare is not None and not judged:
             prepare()
         oracle.calling = calling
         try:
             self._observe(events[effect:at])
         finally:
             oracle.calling = None
-        if check is not None:
+        if check is not None and not judged:
             self._checked(lambda: check(response))
         self._observe(events[at:])
         return response

@@ -160,6 +160,13 @@ def shape_problem(command: Mapping[str, Any], response: Mapping[str, Any]) -> st
         effect, at = response["effect"], response.get("at", len(events))
         if not is_count(effect) or effect > at:
             return _field(effect, "effect", f"a count from 0 to {at} (the events before 'at')")
+    if "effect_until" in response:
+        until, at = response["effect_until"], response.get("at", len(events))
+        effect = response.get("effect", 0)
+        if not is_count(until) or not is_count(effect) or not effect <= until <= at:
+            return _field(
+                until, "effect_until", f"a count from 'effect' to {at} (the events before 'at')"
+            )
     if "t" in response and not is_number(response["t"]):
         return _field(response["t"], "t", "a number")
     if ok and response.get("error") != "DriverError":

@@ -266,7 +266,9 @@ class SharedProcess:
         elif self._used:
             response = process.call({"cmd": "reset"})
             if response.get("ok") is not True:
-                raise DriverCrashed(f"reset answered {process.last_line[:200]}")
+                # With the driver's last words: a reset that fails is the end of an
+                # example the harness had no more to say about.
+                raise DriverCrashed(process._why(f"reset answered {process.last_line[:600]}"))
         self._used = True
         return _Session(process)
 

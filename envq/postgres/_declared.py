@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 __all__ = [
+    "COMMIT_LAG_S",
     "DIVERGENCES",
     "EFFECTIVE",
     "FEATURES",
@@ -104,6 +105,11 @@ SETTLE_MAX: Final = 0.5
 #: server and a commit): with two polls, how late a due move may land (``due_latency``)
 #: and a committed cancel may reach an attempt (``cancel_latency``).
 STATEMENT_S: Final = 0.02
+
+#: Real seconds from the instant a move is timed (its statement's start) to its commit,
+#: at most, on a loaded machine: a call refused at once may not have seen a move timed
+#: up to this long before the driver received the call.
+COMMIT_LAG_S: Final = 2 * STATEMENT_S
 
 
 def real_poll(scale: float) -> float:

@@ -28,12 +28,14 @@ the database's snapshot first and then only the observations of this process mad
 before the snapshot, or before a journal row it returns: so an ``invoke`` is never
 reported before the claim that started it, nor a move before the ``on_failure``
 call that decided it; ``stats`` is answered from the same snapshot. A call's ``at``
-splits them where the call returned; a ``send``, ``start`` or ``stop`` refused (which
-changed nothing) is placed where the driver received it, so what the nodes did while
-it ran comes after it. A ``send``, ``start``, ``stop`` or ``terminate`` also says
-where it took effect in the database (``effect``, see
+splits them where the call returned. A ``send``, ``start``, ``stop`` or ``terminate``
+also says where it took effect in the database (``effect``, see
 :func:`envq.postgres._observed.effect`): the nodes go on between two commands, and
-the call is judged by the queue as what they did before it took effect left it. The
+the call is judged by the queue as what they did before it took effect left it. A
+``send``, ``start`` or ``stop`` refused at once (which changed nothing, and made no
+move that would time it) gives a range instead, ``effect`` to ``effect_until``: from
+a little before the driver received it (a move is timed when its statement starts and
+commits later, :data:`COMMIT_LAG_S`) to its return. The
 ways this port differs from the in-process queue on purpose are declared in ``hello``
 (:data:`DIVERGENCES`, explained in ``docs/postgres.md``, section "Conformance").
 """
@@ -77,6 +79,7 @@ from envq.conform.protocol import (
     Policy,
 )
 from envq.postgres._declared import (
+    COMMIT_LAG_S,
     DIVERGENCES,
     EFFECTIVE,
     FEATURES,
@@ -287,17 +290,21 @@ class Session(Observations):
 
     async def _drop_queue(self) -> None:
         """Terminate the current queue (if it is not), close its nodes, delete its rows."""
+        import asyncpg  # noqa: PLC0415
+
         for gate, holder in list(self.gates.values()):
             holder.append(Plan.OK)
             gate.set()
         if not self.nodes:
             return
         name = self.queue_name
+        failed = ""
         try:
             if await self.nodes[0].state() is not QueueState.TERMINATED:
                 await self.nodes[0].terminate()
-        except Exception:
+        except Exception as exc:
             log.exception("terminating queue %r", name)
+            failed = f"terminating queue {name!r} failed ({type(exc).__name__}: {exc}); "
         for task in self.background:
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
@@ -305,10 +312,26 @@ class Session(Observations):
         await asyncio.gather(*(node.close() for node in self.nodes), return_exceptions=True)
         self.nodes = []
         db = self._pool()
-        async with db.acquire() as conn, conn.transaction():
-            await conn.execute("DELETE FROM envq.journal WHERE queue = $1", name)
-            await conn.execute("DELETE FROM envq.envelopes WHERE queue = $1", name)
-            await conn.execute("DELETE FROM envq.queues WHERE name = $1", name)
+        try:
+            async with db.acquire() as conn, conn.transaction():
+                await conn.execute("DELETE FROM envq.journal WHERE queue = $1", name)
+                await conn.execute("DELETE FROM envq.envelopes WHERE queue = $1", name)
+                await conn.execute("DELETE FROM envq.queues WHERE name = $1", name)
+        except asyncpg.PostgresError as exc:
+            # A row the terminate left live refuses the clean-up: say what the rows
+            # were, and why the terminate failed if it did (the clean-up's error alone
+            # would hide it).
+            left = await db.fetch(
+                "SELECT seq, state::text AS state, kind::text AS kind, event::text AS event,"
+                " due_at, updated_at FROM envq.envelopes WHERE queue = $1"
+                " AND state NOT IN ('succeeded', 'failed', 'stopped', 'returned')",
+                name,
+            )
+            queue = await db.fetchval("SELECT state::text FROM envq.queues WHERE name = $1", name)
+            rows = "; ".join(str(dict(row)) for row in left[:5])
+            raise DriverError(
+                f"{failed}cleaning up queue {name!r} ({queue}) failed: {exc}; live rows: {rows}"
+            ) from exc
 
     # -- the observations ---------------------------------------------------------------
 
@@ -355,11 +378,15 @@ class Session(Observations):
             response = {"ok": False, "error": ERRORS["ValueError"], "message": str(exc)}
         else:
             response = {"ok": True, "result": result}
-        # A call refused at once changed nothing: it is placed where the driver received
-        # it, so the moves the nodes made while it ran come after it (placed where it
-        # returned, an envelope that ended meanwhile changed the live envelopes across
-        # it). A call that waits (send_wait, ...) is refused for what happened meanwhile.
-        placed = received if cmd in REFUSED_AT_ONCE and not response["ok"] else time.time()
+        # A call refused at once changed nothing, and no move of its own says when it
+        # took effect: it read the queue as the moves committed before its statement's
+        # snapshot left it, somewhere between a little before the driver received it (a
+        # move is timed when its statement starts, and commits later) and its return.
+        # It is judged at the first point of that range where the model explains it
+        # (``effect`` to ``effect_until``). A call that waits (send_wait, ...) is refused
+        # for what happened meanwhile.
+        refused_at_once = cmd in REFUSED_AT_ONCE and not response["ok"]
+        placed = time.time()
         if cmd in ("quit", "reset", "hello") or self.queue_name is None:
             events: list[dict[str, Any]] = [self._reported(ev) for _, ev in self.pending]
             self.pending = []
@@ -370,7 +397,10 @@ class Session(Observations):
             timed, counts = await self.collect(stats=stats)
             events = [ev for _, ev in timed]
             at = sum(1 for w, _ in timed if w <= placed)
-            if cmd in EFFECTIVE:
+            if refused_at_once:
+                response["effect"] = sum(1 for w, _ in timed if w <= received - COMMIT_LAG_S)
+                response["effect_until"] = at
+            elif cmd in EFFECTIVE:
                 response["effect"] = min(at, effect(cmd, response["ok"], timed, received))
             if stats:
                 at = len(events)

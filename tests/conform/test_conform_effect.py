@@ -143,6 +143,51 @@ class TestEffect:
             _send_after_an_end(Early(report_effect=True))
 
 
+def _send_after_a_ban(driver: Lagging) -> None:
+    """e1 falls due and bans its type (StopType) while model time passes before e2,
+    of that type, is sent: refused."""
+    harness = _harness(driver, workers=1, capacity=0)
+    harness.define("e1", EnvSpec(type="t", delay=0.5, script=(Plan.STOP_TYPE,)))
+    harness.define("e2", EnvSpec(type="t"))
+    harness.start()
+    harness.send(["e1"])
+    driver.lag = 1.0
+    harness.send(["e2"])
+
+
+class Unsure(Lagging):
+    """Says a refused call took effect somewhere from before everything the lag made
+    to after it (``effect`` 0, ``effect_until``: all of it), as a port whose moves
+    commit on several sessions may; or (``ranged`` False) only the range's start."""
+
+    def __init__(self, *, ranged: bool) -> None:
+        super().__init__(report_effect=True)
+        self.ranged = ranged
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        response = super().call(command)
+        if not response["ok"] and command["cmd"] == "send":
+            if self.ranged:
+                response["effect_until"] = response["effect"]
+            response["effect"] = 0
+        return response
+
+
+class TestEffectUntil:
+    def test_a_refusal_is_judged_where_the_model_explains_it(self) -> None:
+        """The ban came before the send in the range the port gave: explained."""
+        _send_after_a_ban(Unsure(ranged=True))
+
+    def test_a_refusal_the_range_does_not_explain_is_a_violation(self) -> None:
+        """Placed before the ban only, the refusal is unexplained: the check bites."""
+        with pytest.raises(Violation, match="expected success, got 'type_blacklisted'"):
+            _send_after_a_ban(Unsure(ranged=False))
+
+    def test_the_port_refused_as_predicted(self) -> None:
+        """The reference driver's own answer, placed after the ban."""
+        _send_after_a_ban(Lagging(report_effect=True))
+
+
 class Jittery(Lagging):
     """A port on the "real clock": before some commands a random stretch of model time
     passes (as between two answers on a real clock), differently every time the same

@@ -180,6 +180,13 @@ class TestWrongShapes:
             ("start", {"events": [MOVE], "effect": 2}, "'effect'"),
             ("start", {"events": [MOVE], "at": 1, "effect": -1}, "'effect'"),
             ("start", {"events": [MOVE], "at": 1, "effect": "1"}, "'effect'"),
+            ("send", {"events": [MOVE], "at": 1, "effect_until": 2}, "'effect_until'"),
+            (
+                "send",
+                {"events": [MOVE, MOVE], "at": 2, "effect": 2, "effect_until": 1},
+                "'effect_until'",
+            ),
+            ("send", {"events": [MOVE], "at": 1, "effect_until": "1"}, "'effect_until'"),
             ("start", {"t": None}, "'t'"),
             ("stats", {"result": {"state": "init"}}, "'result.capacity_used'"),
             ("stats", {"result": {"state": 1, "capacity_used": 0}}, "'result.state'"),
@@ -205,6 +212,8 @@ class TestWrongShapes:
         assert shape_problem({"cmd": "start"}, moved) is None
         for effect in (0, 1):  # the events before the call took effect: up to `at`
             assert shape_problem({"cmd": "start"}, {**moved, "effect": effect}) is None
+        ranged = {**moved, "ok": False, "error": "capacity_exceeded", "effect_until": 1}
+        assert shape_problem({"cmd": "send"}, ranged) is None
         unplaced = {"ok": True, "events": [MOVE], "effect": 1}  # `at` absent: all of them
         assert shape_problem({"cmd": "start"}, unplaced) is None
         stats = {"state": "running", "capacity_used": 2, "by_state": {"ready": 2}}
