@@ -137,7 +137,7 @@ class Harness:
         the call under way), run ``check`` on the response (the queue as it was then),
         then feed it the rest.
 
-        A call the port refused at once may say it took effect somewhere from
+        A send the port refused at once may say it took effect somewhere from
         ``effect`` to ``effect_until`` (a port whose calls and moves commit on several
         sessions cannot always tell which of the moves made around the call it saw):
         it is judged at the first point of that range where the model explains the
@@ -172,15 +172,19 @@ class Harness:
         oracle = self.oracle
         self._observe(events[:effect])
         judged = False
-        if prepare is not None and check is not None and until > effect and not response["ok"]:
+        ranged = until > effect and not response["ok"] and calling is QueueCall.SEND
+        if prepare is not None and check is not None and ranged:
             # Judged where the model explains the refusal: each point of the range in
-            # turn, the call checked at once (nothing moves between the two).
+            # turn, the call checked at once (nothing moves between the two). Only a
+            # send's prediction leaves nothing behind but what it expects admitted,
+            # cleared before the next point's moves are observed.
             while effect < until and not judged:
                 prepare()
                 try:
                     check(response)
                     judged = True
                 except Violation:
+                    oracle.admitting = set()
                     self._observe(events[effect : effect + 1])
                     effect += 1
         if prepare is not None and not judged:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 from envq._machine import LIVE_STATES, RELABEL, EnvEvent, EnvState, Outcome, moved_by, queue_move
 from envq.postgres._codec import calendar, fire_wait
 from envq.postgres._edges import lost
+from envq.postgres._sql import LOCK_QUEUE
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
     stopped, and the attempts of it in flight end STOPPED (their row group is
     relabelled)."""
     async with conn.transaction():
+        await conn.execute(LOCK_QUEUE, queue)  # the ends in progress first
         await conn.execute(
             "UPDATE envq.queues SET blacklist = array_append(blacklist, $2)"
             " WHERE name = $1 AND NOT ($2 = ANY(blacklist))",
@@ -83,6 +85,9 @@ async def blacklist(conn: _Conn, queue: str, type_: str) -> None:
         )
         await conn.execute(_BAN_RELABEL, queue, type_)
 
+
+#: How long a ban waits for a lock before it gives way and is tried again.
+_BAN_WAIT_MS: Final = 200
 
 #: The end of a StopType attempt (as the finisher ends it), fenced by its token.
 _END_STOP_TYPE: Final = f"""
@@ -116,6 +121,9 @@ async def end_banning(
                 transaction = conn.transaction()
                 await transaction.start()
                 try:
+                    # Yields to a reaper sooner than the deadlock detector would pick
+                    # one of the two (see below).
+                    await conn.execute(f"SET LOCAL lock_timeout = '{_BAN_WAIT_MS}ms'")
                     await blacklist(conn, queue, type_)
                     ended = await conn.fetchval(_END_STOP_TYPE, row["seq"], row["lease_token"])
                 except BaseException:
@@ -123,11 +131,13 @@ async def end_banning(
                     raise
                 await (transaction.rollback() if ended is None else transaction.commit())
             break
-        except lost(asyncpg, asyncpg.DeadlockDetectedError) as err:
-            # A deadlock: a reaper holding a running row of the type (its decision
-            # under way) waits for the queue's row the ban holds, and the ban for that
-            # row. When the database ends this transaction rather than the reaper's,
-            # the ban is tried again, as after a lost session.
+        except lost(asyncpg, asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError) as err:
+            # A reaper holds a running row of the type while its on_failure decides,
+            # then waits for the queue's lock this ban holds, while the ban waits for
+            # that row: the ban gives up its locks after _BAN_WAIT_MS (well before the
+            # deadlock detector's second would end one of the two, maybe the reaper's,
+            # which would have to decide again) and is tried again, as after a lost
+            # session.
             if time.monotonic() > give_up:
                 log.error("queue %r: could not end an attempt (%s)", queue, err)
                 return

@@ -92,6 +92,7 @@ from envq.postgres._node import Node, _node_name
 from envq.postgres._observe import PgObservation
 from envq.postgres._operator import PgOperatorCalls
 from envq.postgres._sessions import PgSessions
+from envq.postgres._sql import LOCK_QUEUE
 from envq.postgres.schema import event_label
 
 if TYPE_CHECKING:
@@ -265,6 +266,7 @@ class PgQueue(PgSessions, PgOperatorCalls, PgObservation):
         in one transaction; the row's action."""
         await self._events.ready()
         async with self._db().acquire() as conn, conn.transaction():
+            await conn.execute(LOCK_QUEUE, self.name)  # the ends in progress first
             state = await conn.fetchval(
                 "SELECT state FROM envq.queues WHERE name = $1 FOR UPDATE", self.name
             )
@@ -407,6 +409,7 @@ class PgQueue(PgSessions, PgOperatorCalls, PgObservation):
             if state is QueueState.RUNNING:
                 await self._call(QueueCall.STOP, StopMode.STOP, CancelCause.TERMINATE)
             async with self._db().acquire() as conn, conn.transaction():
+                await conn.execute(LOCK_QUEUE, self.name)
                 await conn.execute(
                     "UPDATE envq.queues SET stop_mode = 'stop', cancel = 'terminate'"
                     " WHERE name = $1 AND state = 'stopping'",
@@ -487,6 +490,7 @@ class PgQueue(PgSessions, PgOperatorCalls, PgObservation):
         """A stop under way with nothing left to run or wait for ends (any node)."""
         db = self._db()
         async with db.acquire() as conn, conn.transaction():
+            await conn.execute(LOCK_QUEUE, self.name)
             state = await conn.fetchval(
                 "SELECT state FROM envq.queues WHERE name = $1 FOR UPDATE", self.name
             )

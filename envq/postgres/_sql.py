@@ -316,11 +316,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     ended envq.envelope_state;
 BEGIN
-    -- The queue's row first (see finish_many): the end's target is computed from the
-    -- lifecycle state a stop in progress has committed.
-    PERFORM FROM envq.queues AS q
-     WHERE q.name = (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = finish.seq)
-       FOR SHARE;
+    -- The queue's lock first (see finish_many).
+    PERFORM pg_advisory_xact_lock_shared({queue_lock}, hashtext(l.queue))
+       FROM envq.envelopes AS l WHERE l.seq = finish.seq;
     UPDATE envq.envelopes AS e
        SET state = envq.envelope_target('running', outcome, e.kind, q.state, false,
                                         finish.decision, finish.cause, q.stop_mode,
@@ -372,11 +370,11 @@ BEGIN
     -- The ends (as finish_many; every returned row is not RUNNING), then in the same
     -- transaction, durable, the claim of up to how_many (RUNNING, owned by owner): a
     -- node that ends attempts starts the next ones in one round trip.
-    PERFORM FROM envq.queues AS q
-     WHERE q.name = queue_name
-        OR q.name IN (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(end_seqs))
-     ORDER BY q.name
-       FOR SHARE;
+    -- The queue's lock first (see finish_many).
+    PERFORM pg_advisory_xact_lock_shared({queue_lock}, hashtext(s.queue))
+       FROM (SELECT queue_name AS queue
+             UNION SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(end_seqs)) AS s
+      ORDER BY s.queue;
     RETURN QUERY
 {finish_update_rows};
     IF how_many > 0 THEN
@@ -400,10 +398,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     ended envq.envelope_state;
 BEGIN
-    -- The queue's row first (see finish_many).
-    PERFORM FROM envq.queues AS q
-     WHERE q.name = (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = expire.seq)
-       FOR SHARE;
+    -- The queue's lock first (see finish_many).
+    PERFORM pg_advisory_xact_lock_shared({queue_lock}, hashtext(l.queue))
+       FROM envq.envelopes AS l WHERE l.seq = expire.seq;
     UPDATE envq.envelopes AS e
        SET state = envq.envelope_target('running', '{expired}', e.kind, q.state, false,
                                         expire.decision, NULL, q.stop_mode, false),
@@ -508,20 +505,30 @@ CLAIM_UPDATE: Final = """\
     RETURNING e.*;"""
 
 
-# The queue's row, held by an end before its UPDATE (finish_many's first statement).
+#: The class of the advisory lock of a queue (its key: ``hashtext`` of its name): held
+#: shared by every end while it computes its targets, exclusive by every lifecycle call
+#: and ban while it moves the queue and its envelopes ('envq' in ASCII).
+QUEUE_LOCK: Final = 1701737841
+
+#: Taken by a lifecycle call or a ban, first in its transaction ($1: the queue).
+LOCK_QUEUE: Final = f"SELECT pg_advisory_xact_lock({QUEUE_LOCK}, hashtext($1))"
+
+# The queue's lock, held by an end before its UPDATE (finish_many's first statement).
 LOCK_QUEUES_OF_SEQS: Final = """\
     -- An end computes its target from the queue's lifecycle state, so it holds the
-    -- queue's row (FOR SHARE) from a statement before its UPDATE: a lifecycle call
-    -- (FOR UPDATE of the row, then its broadcast) either waits for the end to commit,
-    -- and its broadcast moves what the end left (a stop parks a retry's DELAYED row),
-    -- or commits first, and the end's UPDATE, a later statement, reads its state.
-    -- Read in the UPDATE alone, a stop not yet committed was RUNNING to the end, and
-    -- an end committed after the stop's broadcast had read its row RUNNING left a
-    -- retry DELAYED in a stopped queue, which no later call moves.
-    SELECT FROM envq.queues AS q
-     WHERE q.name IN (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(seqs))
-     ORDER BY q.name
-       FOR SHARE"""
+    -- queue's lock (shared) from a statement before its UPDATE; a lifecycle call or a
+    -- ban holds it exclusive, first, while it moves the queue and its envelopes. The
+    -- call waits for the ends in progress and moves what they left (a stop parks a
+    -- retry's DELAYED row), or an end begun during the call waits for it and its
+    -- UPDATE, a later statement, reads the new state. Read in the UPDATE alone, a stop
+    -- not yet committed was RUNNING to the end, and an end committed after the stop's
+    -- moves had read its row RUNNING left a retry DELAYED in a stopped queue, which no
+    -- later call moves. An advisory lock, not the queue's row FOR SHARE: no write of
+    -- the row at every end, and the lock manager's queue lets a waiting lifecycle call
+    -- in before later ends (row share locks would let them starve it).
+    SELECT pg_advisory_xact_lock_shared({queue_lock}, hashtext(s.queue))
+      FROM (SELECT DISTINCT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(seqs)) AS s
+     ORDER BY s.queue"""
 
 
 FINISH_UPDATE: Final = """\

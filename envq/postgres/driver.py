@@ -32,10 +32,11 @@ splits them where the call returned. A ``send``, ``start``, ``stop`` or ``termin
 also says where it took effect in the database (``effect``, see
 :func:`envq.postgres._observed.effect`): the nodes go on between two commands, and
 the call is judged by the queue as what they did before it took effect left it. A
-``send``, ``start`` or ``stop`` refused at once (which changed nothing, and made no
-move that would time it) gives a range instead, ``effect`` to ``effect_until``: from
-a little before the driver received it (a move is timed when its statement starts and
-commits later, :data:`COMMIT_LAG_S`) to its return. The
+``start`` or ``stop`` refused at once (which changed nothing) is placed where the
+driver received it, so what the nodes did while it ran comes after it; a ``send``
+refused at once (which made no move that would time it) gives a range, ``effect`` to
+``effect_until``: from a little before the driver received it (a move is timed when
+its statement starts and commits later, :data:`COMMIT_LAG_S`) to its return. The
 ways this port differs from the in-process queue on purpose are declared in ``hello``
 (:data:`DIVERGENCES`, explained in ``docs/postgres.md``, section "Conformance").
 """
@@ -378,15 +379,18 @@ class Session(Observations):
             response = {"ok": False, "error": ERRORS["ValueError"], "message": str(exc)}
         else:
             response = {"ok": True, "result": result}
-        # A call refused at once changed nothing, and no move of its own says when it
-        # took effect: it read the queue as the moves committed before its statement's
-        # snapshot left it, somewhere between a little before the driver received it (a
-        # move is timed when its statement starts, and commits later) and its return.
-        # It is judged at the first point of that range where the model explains it
-        # (``effect`` to ``effect_until``). A call that waits (send_wait, ...) is refused
-        # for what happened meanwhile.
+        # A call refused at once changed nothing: it is placed where the driver received
+        # it, so the moves the nodes made while it ran come after it (placed where it
+        # returned, an envelope that ended meanwhile changed the live envelopes across
+        # it). A send refused at once read the queue as the moves committed before its
+        # statement's snapshot left it, somewhere between a little before the driver
+        # received it (a move is timed when its statement starts, and commits later)
+        # and its return: it is judged at the first point of that range where the model
+        # explains it (``effect`` to ``effect_until``). A call that waits (send_wait,
+        # ...) is refused for what happened meanwhile.
         refused_at_once = cmd in REFUSED_AT_ONCE and not response["ok"]
-        placed = time.time()
+        ranged = refused_at_once and cmd == "send"
+        placed = received if refused_at_once and not ranged else time.time()
         if cmd in ("quit", "reset", "hello") or self.queue_name is None:
             events: list[dict[str, Any]] = [self._reported(ev) for _, ev in self.pending]
             self.pending = []
@@ -397,7 +401,7 @@ class Session(Observations):
             timed, counts = await self.collect(stats=stats)
             events = [ev for _, ev in timed]
             at = sum(1 for w, _ in timed if w <= placed)
-            if refused_at_once:
+            if ranged:
                 response["effect"] = sum(1 for w, _ in timed if w <= received - COMMIT_LAG_S)
                 response["effect_until"] = at
             elif cmd in EFFECTIVE:

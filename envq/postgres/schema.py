@@ -89,6 +89,7 @@ from envq.postgres._sql import (
     LEASES,
     LOCK_QUEUES_OF_SEQS,
     QUEUE_CHECK,
+    QUEUE_LOCK,
     SCHEDULES,
 )
 
@@ -359,6 +360,7 @@ def _leases() -> str:
         )
         .replace("{finish_update}", FINISH_UPDATE)
         .replace("{lock_queues_of_seqs}", LOCK_QUEUES_OF_SEQS)
+        .replace("{queue_lock}", str(QUEUE_LOCK))
         .replace("{dispatch}", event_label(EnvEvent.DISPATCH))
         .replace("{ready}", EnvState.READY.value)
         .replace("{running}", dispatched.value)

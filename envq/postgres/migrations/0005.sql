@@ -9,9 +9,12 @@
 -- rows it inserted (envq.journal_sends): the BEFORE trigger journalled it before the
 -- dedup index had its say, so a send that waited for the end of its id's live
 -- envelope was left out of the journal, and a dedup could be put in.
--- An end (finish, finish_many, finish_and_claim, expire) holds its queue's row FOR
--- SHARE before it computes its target: an end that read a stop not yet committed as
--- RUNNING left a retry DELAYED in a stopped queue, stranded by a later terminate.
+-- An end (finish, finish_many, finish_and_claim, expire) holds its queue's advisory
+-- lock (shared) before it computes its target, as lifecycle calls and bans hold it
+-- exclusive: an end that read a stop not yet committed as RUNNING left a retry
+-- DELAYED in a stopped queue, stranded by a later terminate. (Nodes of schema 4 do
+-- not take the lock in their lifecycle calls: the race stays open for those calls
+-- until every node runs schema 5's envq.)
 DROP FUNCTION envq.expire(bigint, uuid, envq.decision_kind, timestamptz, integer, jsonb);
 CREATE OR REPLACE FUNCTION envq.envelopes_check() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -180,11 +183,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     ended envq.envelope_state;
 BEGIN
-    -- The queue's row first (see finish_many): the end's target is computed from the
-    -- lifecycle state a stop in progress has committed.
-    PERFORM FROM envq.queues AS q
-     WHERE q.name = (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = finish.seq)
-       FOR SHARE;
+    -- The queue's lock first (see finish_many).
+    PERFORM pg_advisory_xact_lock_shared(1701737841, hashtext(l.queue))
+       FROM envq.envelopes AS l WHERE l.seq = finish.seq;
     UPDATE envq.envelopes AS e
        SET state = envq.envelope_target('running', outcome, e.kind, q.state, false,
                                         finish.decision, finish.cause, q.stop_mode,
@@ -212,17 +213,19 @@ CREATE OR REPLACE FUNCTION envq.finish_many(seqs bigint[], tokens uuid[],
 RETURNS TABLE (seq bigint, state envq.envelope_state)
 LANGUAGE sql AS $$
     -- An end computes its target from the queue's lifecycle state, so it holds the
-    -- queue's row (FOR SHARE) from a statement before its UPDATE: a lifecycle call
-    -- (FOR UPDATE of the row, then its broadcast) either waits for the end to commit,
-    -- and its broadcast moves what the end left (a stop parks a retry's DELAYED row),
-    -- or commits first, and the end's UPDATE, a later statement, reads its state.
-    -- Read in the UPDATE alone, a stop not yet committed was RUNNING to the end, and
-    -- an end committed after the stop's broadcast had read its row RUNNING left a
-    -- retry DELAYED in a stopped queue, which no later call moves.
-    SELECT FROM envq.queues AS q
-     WHERE q.name IN (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(seqs))
-     ORDER BY q.name
-       FOR SHARE;
+    -- queue's lock (shared) from a statement before its UPDATE; a lifecycle call or a
+    -- ban holds it exclusive, first, while it moves the queue and its envelopes. The
+    -- call waits for the ends in progress and moves what they left (a stop parks a
+    -- retry's DELAYED row), or an end begun during the call waits for it and its
+    -- UPDATE, a later statement, reads the new state. Read in the UPDATE alone, a stop
+    -- not yet committed was RUNNING to the end, and an end committed after the stop's
+    -- moves had read its row RUNNING left a retry DELAYED in a stopped queue, which no
+    -- later call moves. An advisory lock, not the queue's row FOR SHARE: no write of
+    -- the row at every end, and the lock manager's queue lets a waiting lifecycle call
+    -- in before later ends (row share locks would let them starve it).
+    SELECT pg_advisory_xact_lock_shared(1701737841, hashtext(s.queue))
+      FROM (SELECT DISTINCT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(seqs)) AS s
+     ORDER BY s.queue;
     WITH f AS MATERIALIZED (
         SELECT * FROM unnest(seqs, tokens, outcomes, decisions, causes, delays, failures,
                              errors)
@@ -271,11 +274,11 @@ BEGIN
     -- The ends (as finish_many; every returned row is not RUNNING), then in the same
     -- transaction, durable, the claim of up to how_many (RUNNING, owned by owner): a
     -- node that ends attempts starts the next ones in one round trip.
-    PERFORM FROM envq.queues AS q
-     WHERE q.name = queue_name
-        OR q.name IN (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(end_seqs))
-     ORDER BY q.name
-       FOR SHARE;
+    -- The queue's lock first (see finish_many).
+    PERFORM pg_advisory_xact_lock_shared(1701737841, hashtext(s.queue))
+       FROM (SELECT queue_name AS queue
+             UNION SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = ANY(end_seqs)) AS s
+      ORDER BY s.queue;
     RETURN QUERY
     WITH f AS MATERIALIZED (
         SELECT * FROM unnest(end_seqs, end_tokens, end_outcomes, end_decisions, end_causes,
@@ -341,10 +344,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     ended envq.envelope_state;
 BEGIN
-    -- The queue's row first (see finish_many).
-    PERFORM FROM envq.queues AS q
-     WHERE q.name = (SELECT l.queue FROM envq.envelopes AS l WHERE l.seq = expire.seq)
-       FOR SHARE;
+    -- The queue's lock first (see finish_many).
+    PERFORM pg_advisory_xact_lock_shared(1701737841, hashtext(l.queue))
+       FROM envq.envelopes AS l WHERE l.seq = expire.seq;
     UPDATE envq.envelopes AS e
        SET state = envq.envelope_target('running', 'attempt_expired', e.kind, q.state, false,
                                         expire.decision, NULL, q.stop_mode, false),
