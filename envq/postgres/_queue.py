@@ -496,10 +496,11 @@ class PgQueue(PgSessions, PgOperatorCalls, PgObservation):
             )
             if state != QueueState.STOPPING.value:
                 return
-            # An attempt's end that read the queue RUNNING, and committed after the stop
-            # moved the envelopes, left its envelope where a running queue puts it
-            # (DELAYED, READY): the stop's moves are applied to it now, as the stop
-            # applied them to the others, before the stop may end.
+            # An attempt's end that read the queue RUNNING and committed after the stop
+            # moved the envelopes would have left its envelope where a running queue
+            # puts it (DELAYED, READY). Ends hold the queue's lock now, so none does
+            # unless it ran on a node of schema 4 (a rolling upgrade); the stop's moves
+            # are applied again all the same, as to the others, before the stop ends.
             for event in BROADCASTS[LifeAction.BEGIN_STOP]:
                 await conn.execute(
                     "SELECT envq.broadcast($1, $2::envq.envelope_event)",
