@@ -245,9 +245,13 @@ class Harness:
         self.oracle.define(name, spec)
 
     def plan(self, name: str, plan: Plan) -> None:
-        """Append a plan to an envelope's script."""
-        self._call({"cmd": "plan", "env": name, "plan": plan.value})
-        self.oracle.plan(name, plan)
+        """Append a plan to an envelope's script, in the model where the call returned:
+        an attempt that began while the port settled after it runs the new plan."""
+
+        def appended(response: dict[str, Any]) -> None:
+            self.oracle.plan(name, plan)
+
+        self._call({"cmd": "plan", "env": name, "plan": plan.value}, appended)
 
     def start(self) -> None:
         """``start()``: armed, a no-op, or the state's error."""

@@ -19,7 +19,7 @@ import pytest
 
 from envq.conform.harness import Harness
 from envq.conform.oracle import Violation
-from envq.conform.protocol import EnvSpec, Plan, QueueConfig, StopCall
+from envq.conform.protocol import SLOW_SECONDS, EnvSpec, Plan, QueueConfig, StopCall
 from envq.conform.runner import Options, run
 from envq.conform.transport import InProcessDriver
 from envq.driver import Session
@@ -186,6 +186,33 @@ class TestEffectUntil:
     def test_the_port_refused_as_predicted(self) -> None:
         """The reference driver's own answer, placed after the ban."""
         _send_after_a_ban(Lagging(report_effect=True))
+
+
+class Settling(Lagging):
+    """Lets model time pass after a ``plan`` command, reporting the moves
+    made meanwhile after the call's ``at`` (as a real-clock port settling after it)."""
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        response = super().call(command)
+        if command["cmd"] == "plan":
+            after = self.inner.call({"cmd": "advance", "seconds": SLOW_SECONDS + 1})["events"]
+            response["at"] = len(response["events"])
+            response["events"] = response["events"] + after
+        return response
+
+
+def test_a_plan_takes_effect_where_its_call_returned() -> None:
+    """e2 waits for the one worker (e1 runs SLOW_SECONDS); a plan appended to e2's
+    script, and e2 starts while the port settles after the call: it runs the new plan.
+    (The model appended it after every observation of the answer: "e2: ran plan
+    error, not ok".)"""
+    driver = Settling(report_effect=True)
+    harness = _harness(driver, workers=1, capacity=0)
+    harness.define("e1", EnvSpec(then=Plan.SLOW))
+    harness.define("e2", EnvSpec())
+    harness.start()
+    harness.send(["e1", "e2"])
+    harness.plan("e2", Plan.ERROR)
 
 
 class Jittery(Lagging):
