@@ -35,9 +35,6 @@ from envq.model import explore
 from models.invariants import INVARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
-# The explorer walks the tables, data: the same on every CPython (CI runs this on its
-# first only).
-pytestmark = pytest.mark.one_python
 
 
 @pytest.fixture(scope="module")
