@@ -31,7 +31,7 @@ from envq._schedule import Timing
 from envq._values import Retry, Schedule
 from envq.postgres._codec import calendar, decode, fire_wait
 from envq.postgres._edges import lost
-from envq.postgres._sql import QUEUE_LOCK
+from envq.postgres._sql import SHARE_QUEUE
 from envq.postgres.schema import discardable
 
 if TYPE_CHECKING:
@@ -100,10 +100,6 @@ SELECT e.*, clock_timestamp() AS reaped_at FROM envq.envelopes AS e
 #: How the reaper tries to end an expired attempt: decided, else as a dropped failure
 #: (whether it is dropped, and what the log says when the try fails).
 _REAP_TRIES: Final = ((False, "it ends as a dropped failure"), (True, "the next round tries again"))
-
-#: The queue's lock, shared, as every end holds it (``envq.expire`` takes it too, but
-#: after the statement that calls it read the move's instant).
-_SHARE_QUEUE: Final = f"SELECT pg_advisory_xact_lock_shared({QUEUE_LOCK}, hashtext($1))"
 
 #: A NULL delay: the next run of the row's FIXED_DELAY / FIXED_RATE schedule. The
 #: clock is read once: the move's time and what its due time is measured from.
@@ -396,7 +392,7 @@ class Reaper:
             decision: str | None
             if dropped:
                 decision, delay, failures = DecisionKind.DROP.value, 0.0, None
-                await conn.execute(_SHARE_QUEUE, self.name)
+                await conn.execute(SHARE_QUEUE, self.name)
                 ended = await conn.fetchval(_EXPIRE, seq, token, decision, delay, failures, None)
                 self._reaped(seq, row, ended)
                 return
@@ -444,7 +440,7 @@ class Reaper:
                 kept = spent(self.name, env, row, Outcome.EXPIRED, cause)
             # The queue's lock before the instant of the move is read: a lifecycle call
             # committed while it waited comes before the move, in time too.
-            await conn.execute(_SHARE_QUEUE, self.name)
+            await conn.execute(SHARE_QUEUE, self.name)
             ended = await conn.fetchval(
                 _EXPIRE, seq, token, decision, delay, failures, error_json(kept)
             )

@@ -513,6 +513,10 @@ QUEUE_LOCK: Final = 1701737841
 #: Taken by a lifecycle call or a ban, first in its transaction ($1: the queue).
 LOCK_QUEUE: Final = f"SELECT pg_advisory_xact_lock({QUEUE_LOCK}, hashtext($1))"
 
+#: Taken by an end the database functions do not lock for (the reaper, before it
+#: reads its move's instant): the same lock, shared.
+SHARE_QUEUE: Final = f"SELECT pg_advisory_xact_lock_shared({QUEUE_LOCK}, hashtext($1))"
+
 # The queue's lock, held by an end before its UPDATE (finish_many's first statement).
 LOCK_QUEUES_OF_SEQS: Final = """\
     -- An end computes its target from the queue's lifecycle state, so it holds the
