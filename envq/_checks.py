@@ -57,6 +57,7 @@ T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
 
 _GENERATOR_FLAGS: Final = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+_COROUTINE: Final = inspect.CO_COROUTINE
 
 
 #: How a value shows in a message: at most this many characters (``reprlib`` cuts
@@ -296,7 +297,9 @@ def is_async_callable(fn: object) -> bool:
     if fn is None:  # an absent hook: the common case at construction
         return False
     if fn.__class__ is FunctionType:  # the common case; a function's __call__ is a wrapper
-        return inspect.iscoroutinefunction(fn)
+        # An ``async def`` by its code's flag; else inspect's test, which also knows a
+        # plain function marked as a coroutine function.
+        return bool(fn.__code__.co_flags & _COROUTINE) or inspect.iscoroutinefunction(fn)
     return inspect.iscoroutinefunction(fn) or (
         not isinstance(fn, type)
         and inspect.iscoroutinefunction(

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 #: The hooks an envelope row names, as (Envelope attribute, row column).
-HOOKS: Final = (
+HOOKS: Final = (  # in the order of Encoded.hooks (encode spells it out)
     ("before", "before_hook"),
     ("after", "after_hook"),
     ("on_success", "on_success"),
@@ -134,6 +134,8 @@ def _unstorable(value: object) -> str | None:
     string PostgreSQL cannot store, or a mapping key that is not a string (JSON's keys
     are strings: ``{1: 'a'}`` would come back as ``{'1': 'a'}``, and ``{1: 'a', '1':
     'b'}`` as one key)."""
+    if value is None or value.__class__ in _SCALARS:  # nothing to walk
+        return None
     stack = [value]
     while stack:
         item = stack.pop()
@@ -157,13 +159,20 @@ def _unstorable(value: object) -> str | None:
     return None
 
 
+#: The JSON every column is written in: compact, refusing NaN and the infinities
+#: (made once: ``json.dumps`` with options builds an encoder on every call).
+_DUMPS: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+#: Values with nothing inside to check (a str is checked for what PostgreSQL refuses).
+_SCALARS: Final = frozenset({int, float, bool})
+
+
 def _json(value: object, field: str, label: str, limit: int) -> str:
     """``value`` as compact JSON text for the row's column ``field``, checked to come
     back unchanged and to fit ``limit`` bytes; else the error naming the field."""
     problem = _unstorable(value)
     if problem is None:
         try:
-            text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+            text = _DUMPS(value)
         except (TypeError, ValueError, RecursionError) as error:
             problem = f"it is not JSON ({show(str(error))})"
         else:
@@ -336,9 +345,11 @@ def encode(env: object, label: str) -> Encoded:
         interval=env.interval,
         schedule=schedule,
         deadline=env.deadline,
-        hooks=tuple(  # type: ignore[arg-type]
-            None if getattr(env, attr) is None else callable_name(getattr(env, attr), attr, label)
-            for attr, _column in HOOKS
+        hooks=(
+            None if env.before is None else callable_name(env.before, "before", label),
+            None if env.after is None else callable_name(env.after, "after", label),
+            None if env.on_success is None else callable_name(env.on_success, "on_success", label),
+            None if env.on_failure is None else callable_name(env.on_failure, "on_failure", label),
         ),
         retry=None
         if retry is None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import inspect
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,6 +15,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import envq
+from envq._checks import is_async_callable
 from tests.support import assert_names
 
 SECONDS_FIELDS = ("interval", "deadline", "delay")
@@ -413,3 +416,42 @@ class TestEnvelopeIdentity:
         env.payload = [2]
         assert hash(env) == h
         assert env in members
+
+
+class TestAsyncCallables:
+    """Which callables envq awaits: what a worker does with ``invoke`` and the hooks."""
+
+    @staticmethod
+    def _kinds() -> list[tuple[str, object, bool]]:
+        async def coro(env: object) -> None:
+            """async def."""
+
+        def plain(env: object) -> None:
+            """def."""
+
+        class AsyncCall:
+            async def __call__(self, env: object) -> None:
+                """An object whose __call__ is async def."""
+
+        kinds: list[tuple[str, object, bool]] = [
+            ("async def", coro, True),
+            ("def", plain, False),
+            ("partial of async def", functools.partial(coro), True),
+            ("partial of def", functools.partial(plain), False),
+            ("object with async __call__", AsyncCall(), True),
+            ("class with async __call__", AsyncCall, False),
+            ("None", None, False),
+        ]
+        mark = getattr(inspect, "markcoroutinefunction", None)  # CPython 3.12+
+        if mark is not None:
+
+            def marked(env: object) -> Any:
+                """A plain function marked as a coroutine function."""
+
+            kinds.append(("def marked as a coroutine function", mark(marked), True))
+        return kinds
+
+    def test_each_kind(self) -> None:
+        """Each kind of callable is told async or plain as ``inspect`` tells it."""
+        told = {name: is_async_callable(fn) for name, fn, _ in self._kinds()}
+        assert told == {name: expected for name, _, expected in self._kinds()}
