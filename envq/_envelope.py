@@ -106,8 +106,8 @@ class _Rec:
 def _seconds_field(what: str, value: object) -> float:
     # A finite non-negative float (the default 0.0 among them) as it is: construction
     # is on every producer's path, and the general check costs a microsecond.
-    if value.__class__ is float and 0.0 <= value < _INF:  # type: ignore[operator]
-        return value  # type: ignore[return-value]
+    if value.__class__ is float and 0.0 <= value < _INF:
+        return value
     return _checks.seconds(
         what, value, timedelta=True, type_error=BadEnvelopeType, value_error=BadEnvelope
     )
