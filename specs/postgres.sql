@@ -360,7 +360,8 @@ CREATE TABLE envq.queues (
 
 CREATE TABLE envq.envelopes (
     seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    queue text NOT NULL REFERENCES envq.queues (name),
+    -- Its queue's row (checked and held by the trigger, kept by queues_keep).
+    queue text NOT NULL,
     -- The dedup key (the envelope's id as JSON); NULL: never deduplicated.
     id jsonb,
     type text NOT NULL DEFAULT '',
@@ -520,8 +521,16 @@ BEGIN
         source := NULL;
         row_kind := NEW.kind;
     END IF;
-    SELECT q.state, q.stop_mode, q.journal INTO queue_now, mode_now, journal_on
-      FROM envq.queues AS q WHERE q.name = NEW.queue;
+    IF TG_OP = 'INSERT' THEN
+        -- The queue's row is held (as a foreign key would) until the transaction ends:
+        -- a queue is deleted only without envelopes (envq.queues_keep), and this row
+        -- is not yet visible to the delete's check.
+        SELECT q.state, q.stop_mode, q.journal INTO queue_now, mode_now, journal_on
+          FROM envq.queues AS q WHERE q.name = NEW.queue FOR KEY SHARE;
+    ELSE
+        SELECT q.state, q.stop_mode, q.journal INTO queue_now, mode_now, journal_on
+          FROM envq.queues AS q WHERE q.name = NEW.queue;
+    END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'EQ001',
             MESSAGE = format('envq: there is no queue named %L', NEW.queue);
@@ -658,6 +667,24 @@ COMMENT ON FUNCTION envq.queues_check() IS
     'Refuses any queue row whose lifecycle move the tables of envq._machine do not allow.';
 CREATE TRIGGER queues_check BEFORE INSERT OR UPDATE ON envq.queues
     FOR EACH ROW EXECUTE FUNCTION envq.queues_check();
+
+CREATE FUNCTION envq.queues_keep() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = OLD.name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'foreign_key_violation',
+            MESSAGE = format('envq: queue %L still holds envelopes: discard them first',
+                             OLD.name);
+    END IF;
+    RETURN OLD;
+END
+$$;
+COMMENT ON FUNCTION envq.queues_keep() IS
+    'Refuses deleting a queue that still holds envelope rows (what a foreign key of '
+    'envq.envelopes.queue would refuse: envelopes_check checks a new row''s queue and '
+    'holds its row, once per row instead of a second lookup).';
+CREATE TRIGGER queues_keep BEFORE DELETE ON envq.queues
+    FOR EACH ROW EXECUTE FUNCTION envq.queues_keep();
 
 -- Attempts under leases: claim, renew, finish (fenced by the lease token).
 

@@ -58,8 +58,16 @@ BEGIN
         source := NULL;
         row_kind := NEW.kind;
     END IF;
-    SELECT q.state, q.stop_mode, q.journal INTO queue_now, mode_now, journal_on
-      FROM envq.queues AS q WHERE q.name = NEW.queue;
+    IF TG_OP = 'INSERT' THEN
+        -- The queue's row is held (as a foreign key would) until the transaction ends:
+        -- a queue is deleted only without envelopes (envq.queues_keep), and this row
+        -- is not yet visible to the delete's check.
+        SELECT q.state, q.stop_mode, q.journal INTO queue_now, mode_now, journal_on
+          FROM envq.queues AS q WHERE q.name = NEW.queue FOR KEY SHARE;
+    ELSE
+        SELECT q.state, q.stop_mode, q.journal INTO queue_now, mode_now, journal_on
+          FROM envq.queues AS q WHERE q.name = NEW.queue;
+    END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '{refused}',
             MESSAGE = format('envq: there is no queue named %L', NEW.queue);
@@ -144,6 +152,27 @@ COMMENT ON FUNCTION envq.envelopes_discard() IS
     'Refuses deleting an envelope row the tables do not discard (a live one).';
 CREATE TRIGGER envelopes_discard BEFORE DELETE ON envq.envelopes
     FOR EACH ROW EXECUTE FUNCTION envq.envelopes_discard();
+"""
+
+
+QUEUE_KEEP: Final = """\
+CREATE FUNCTION envq.queues_keep() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM envq.envelopes AS e WHERE e.queue = OLD.name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'foreign_key_violation',
+            MESSAGE = format('envq: queue %L still holds envelopes: discard them first',
+                             OLD.name);
+    END IF;
+    RETURN OLD;
+END
+$$;
+COMMENT ON FUNCTION envq.queues_keep() IS
+    'Refuses deleting a queue that still holds envelope rows (what a foreign key of '
+    'envq.envelopes.queue would refuse: envelopes_check checks a new row''s queue and '
+    'holds its row, once per row instead of a second lookup).';
+CREATE TRIGGER queues_keep BEFORE DELETE ON envq.queues
+    FOR EACH ROW EXECUTE FUNCTION envq.queues_keep();
 """
 
 

@@ -89,6 +89,7 @@ from envq.postgres._sql import (
     LEASES,
     LOCK_QUEUES_OF_SEQS,
     QUEUE_CHECK,
+    QUEUE_KEEP,
     QUEUE_LOCK,
     SCHEDULES,
 )
@@ -482,7 +483,8 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         ");\n",
         f"CREATE TABLE {SCHEMA}.envelopes (\n"
         "    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n"
-        f"    queue text NOT NULL REFERENCES {SCHEMA}.queues (name),\n"
+        "    -- Its queue's row (checked and held by the trigger, kept by queues_keep).\n"
+        "    queue text NOT NULL,\n"
         "    -- The dedup key (the envelope's id as JSON); NULL: never deduplicated.\n"
         "    id jsonb,\n"
         "    type text NOT NULL DEFAULT '',\n"
@@ -569,6 +571,7 @@ def render(decide: Callable[..., EnvState | None] = target) -> str:
         QUEUE_CHECK.replace("{refused}", REFUSED_QUEUE_MOVE)
         .replace("{rejected}", REFUSED_CALL)
         .replace("{initial}", INITIAL_QUEUE_STATE.value),
+        QUEUE_KEEP,
         "-- Attempts under leases: claim, renew, finish (fenced by the lease token).\n",
         _leases(),
         CAPACITY,

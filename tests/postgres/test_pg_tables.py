@@ -11,7 +11,9 @@ generator. The lifecycle table is checked the same way.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -619,3 +621,81 @@ async def test_only_the_rows_the_tables_discard_or_hand_back_may_be_deleted(
     assert {state for state, _, _ in refused} == set(STORED_STATES) - deletable
     assert all(code == REFUSED_ENVELOPE_MOVE for _, code, _ in refused), refused
     assert all("cancel it first" in text for _, _, text in refused), refused
+
+
+@pytest.mark.real_clock
+async def test_a_queue_holding_envelopes_is_not_deleted(pg_dsn: str) -> None:
+    """A queue is deleted only once it holds no envelope rows (as a foreign key of the
+    envelopes' queue would have it); a row sent to a queue that is not there is refused."""
+    from pg_support import session  # noqa: PLC0415
+
+    async with session(pg_dsn) as conn:
+        seq = await _ready_envelope(conn, "kept")
+        with pytest.raises(asyncpg_error()) as caught:
+            async with conn.transaction():
+                await conn.execute("DELETE FROM envq.queues WHERE name = 'kept'")
+        assert caught.value.sqlstate == "23503"  # type: ignore[attr-defined]
+        assert "'kept' still holds envelopes" in str(caught.value)
+        assert await conn.fetchval("SELECT count(*) FROM envq.queues WHERE name = 'kept'") == 1
+        await _discard(conn, seq)
+        await conn.execute("DELETE FROM envq.queues WHERE name = 'kept'")
+        assert await conn.fetchval("SELECT count(*) FROM envq.queues WHERE name = 'kept'") == 0
+        with pytest.raises(asyncpg_error()) as caught:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO envq.envelopes (queue, invoke, kind, state, event)"
+                    " VALUES ('kept', 'tests.job', 'one_off', 'ready', 'send')"
+                )
+        assert caught.value.sqlstate == REFUSED_ENVELOPE_MOVE  # type: ignore[attr-defined]
+        assert "no queue named 'kept'" in str(caught.value)
+
+
+async def _discard(conn: object, seq: int) -> None:
+    await conn.execute(  # type: ignore[attr-defined]
+        "UPDATE envq.envelopes SET state = 'stopped', event = 'cancel' WHERE seq = $1", seq
+    )
+    await conn.execute("DELETE FROM envq.envelopes WHERE seq = $1", seq)  # type: ignore[attr-defined]
+
+
+@pytest.mark.real_clock
+async def test_a_queue_delete_waits_for_a_send_in_flight_and_is_refused(pg_dsn: str) -> None:
+    """A send not yet committed holds its queue's row: a delete of the queue waits for
+    it, and once the send commits, is refused (the new row is the queue's)."""
+    import asyncpg  # noqa: PLC0415
+
+    name = f"busy-{uuid.uuid4().hex}"
+    sender, deleter = await asyncpg.connect(pg_dsn), await asyncpg.connect(pg_dsn)
+    try:
+        await _discard(sender, await _ready_envelope(sender, name))
+        sending = sender.transaction()
+        await sending.start()
+        seq = await sender.fetchval(
+            "INSERT INTO envq.envelopes (queue, invoke, kind, state, event)"
+            " VALUES ($1, 'tests.job', 'one_off', 'ready', 'send') RETURNING seq",
+            name,
+        )
+        pid = await deleter.fetchval("SELECT pg_backend_pid()")
+        deleting = asyncio.ensure_future(
+            deleter.execute("DELETE FROM envq.queues WHERE name = $1", name)
+        )
+        waited = False
+        for _ in range(500):  # until the delete waits for the send's lock (or ends)
+            waited = await sender.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            if waited or deleting.done():
+                break
+            await asyncio.sleep(0.01)
+        assert waited and not deleting.done()
+        await sending.commit()
+        with pytest.raises(asyncpg_error()) as caught:
+            await deleting
+        assert caught.value.sqlstate == "23503"  # type: ignore[attr-defined]
+        assert (
+            await sender.fetchval("SELECT count(*) FROM envq.envelopes WHERE queue = $1", name) == 1
+        )
+        await _discard(sender, seq)
+        await sender.execute("DELETE FROM envq.queues WHERE name = $1", name)
+    finally:
+        await sender.close()
+        await deleter.close()
