@@ -35,7 +35,7 @@ from envq._values import Decision, HookTimeout, drop, retry_now
 
 if TYPE_CHECKING:
     from envq._envelope import Envelope, Invoker, Stamp
-    from envq._timers import Deadlines
+    from envq._timers import Clock, Deadlines
 
 __all__ = ["Runner", "Threads", "Worker", "expire_limits"]
 
@@ -231,6 +231,7 @@ class Runner:
     :param stamps: the queue's stamps (outermost).
     :param hook_timeout: the hooks' budgets.
     :param threads: the pool for plain callables.
+    :param clock: the queue's loop, once known.
     :param deadlines: the queue's deadline timer.
     :param abandon: called with a worker cancelled by someone other than envq.
     """
@@ -252,6 +253,7 @@ class Runner:
         stamps: tuple[Stamp, ...],
         hook_timeout: HookTimeout,
         threads: Threads,
+        clock: Clock,
         deadlines: Deadlines,
         abandon: Callable[[Worker], None],
     ) -> None:
@@ -263,11 +265,7 @@ class Runner:
         self.threads = threads
         self._deadlines = deadlines
         self._abandon = abandon
-        self._clock: Callable[[], float] = _no_clock
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read ``loop``'s clock from now on."""
-        self._clock = loop.time
+        self._clock = clock
 
     # -- time limits ------------------------------------------------------------------
 
@@ -299,7 +297,7 @@ class Runner:
 
     async def attempt(self, w: Worker, env: Envelope) -> tuple[Outcome, BaseException | None]:
         """``before → stamps → invoke → after`` under the deadline and hook budgets."""
-        now = self._clock()
+        now = self._clock.time()
         deadline = env.deadline
         deadlines = self._deadlines
         if deadline:
@@ -357,7 +355,7 @@ class Runner:
         assert after is not None
         if budget is None:
             budget = self.hook_timeout.budget(env.deadline)
-        limit = deadline_at if budget is None else min(deadline_at, self._clock() + budget)
+        limit = deadline_at if budget is None else min(deadline_at, self._clock.time() + budget)
         self._set_limit(w, limit)
         try:
             if env._async_after:
@@ -476,7 +474,7 @@ class Runner:
         """Run a hook under its own budget: ``(True, value)``, ``(False, error)``, or
         ``(False, _INTERRUPTED)`` when the worker was cancelled from outside."""
         budget = self.hook_timeout.budget(env.deadline)
-        self._set_limit(w, _INF if budget is None else self._clock() + budget)
+        self._set_limit(w, _INF if budget is None else self._clock.time() + budget)
         try:
             value = await (fn(env, *args) if is_async else self.threads.call(fn, env, *args))
             if w.fired is not None:  # the hook swallowed its budget's cancel
@@ -555,7 +553,3 @@ def expire_limits(workers: Iterable[Worker], limit: float) -> float:
         elif at < following:
             following = at
     return following
-
-
-def _no_clock() -> float:
-    raise RuntimeError("the queue has no event loop yet")

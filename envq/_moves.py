@@ -25,6 +25,7 @@ from envq._notify import to_dead_letter, unhandled_failure
 from envq._reports import STORY_LIMIT, AttemptRecord, ErrorInfo, Event
 from envq._stats import Counters
 from envq._store import MemoryStore
+from envq._timers import Clock
 
 __all__ = ["Mover"]
 
@@ -63,6 +64,7 @@ class Mover:
     :param listeners: the queue's listeners (whether moves are observed, and who is
         told).
     :param now: the loop time for events.
+    :param clock: the queue's loop, once known.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class Mover:
         listeners: Listeners,
         counts: Counters,
         now: Callable[[], float],
+        clock: Clock,
     ) -> None:
         self.name = config.name
         self._store = store
@@ -89,8 +92,7 @@ class Mover:
         self._dead_async = config.dead_letter is not None and is_async_callable(config.dead_letter)
         self._log_unhandled = config.log_unhandled
         self._terminal = _machine.TERMINAL_STATES
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._clock: Callable[[], float] = _unbound
+        self._clock = clock
         #: Whether moves are observed (someone listens, or STRICT).
         self.observed = listeners.observed
         self._due_to = _machine.queue_move(_DELAYED, EnvEvent.DUE)
@@ -102,11 +104,6 @@ class Mover:
         empty, woken when an envelope ends."""
         self._admission = admission
         self._lifecycle = lifecycle
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read the time from ``loop`` from now on."""
-        self._loop = loop
-        self._clock = loop.time
 
     def move(
         self,
@@ -159,14 +156,14 @@ class Mover:
         rec.state = to
         store = self._store
         if cause is not None and event.__class__ is _OUTCOME:
-            note_failure(rec, event, cause, self._clock())
+            note_failure(rec, event, cause, self._clock.time())
         if to is _READY:
             if self.observed:
                 self.observe(env, frm, event, to, cause)
             # The FIXED_RATE grid needs a periodic run's scheduled start: the time it
             # became READY, or (coming from DELAYED) the time it was due, kept in due.
             if rec.kind is _PERIODIC and event is not _DUE:
-                rec.due = rec.origin = self._clock()
+                rec.due = rec.origin = self._clock.time()
             # The store's READY hold, inline (the hot path): queue it, wake one worker.
             self._ready.append(env)
             idle = self._idle
@@ -179,7 +176,7 @@ class Mover:
             if self.observed:
                 self.observe(env, frm, event, to, cause)
             if at is None:
-                at = rec.origin = self._clock() + delay
+                at = rec.origin = self._clock.time() + delay
             store.hold_delayed(env, rec, at)
         elif to in self._terminal:
             # The envelope leaves the queue before its end is reported: a listener may
@@ -205,7 +202,7 @@ class Mover:
             if to is _FAILED:
                 if self._dead_letter is not None:
                     to_dead_letter(
-                        self.name, self._dead_letter, self._dead_async, env, cause, self._loop
+                        self.name, self._dead_letter, self._dead_async, env, cause, self._clock.loop
                     )
                 elif (
                     self._log_unhandled and env.on_failure is None and not self._listeners.handlers
@@ -242,7 +239,3 @@ def note_failure(rec: _Rec, outcome: Outcome, cause: BaseException, now: float) 
     story.append(AttemptRecord(rec.attempts, outcome, now, error))
     if len(story) > STORY_LIMIT:
         del story[0]
-
-
-def _unbound() -> float:
-    raise RuntimeError("the queue is not bound to an event loop yet")

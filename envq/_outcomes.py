@@ -11,7 +11,6 @@ envelope: the queue's live set, ready deque and blacklist are lent to it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -38,6 +37,7 @@ from envq._machine import (
     QueueState,
 )
 from envq._rules import exhausted, failure, hook_number
+from envq._timers import Clock
 from envq._values import Schedule
 
 __all__ = ["Perform", "Settler"]
@@ -71,13 +71,13 @@ class Settler:
         ``blacklist``: its blacklisted types; ``listeners``: its listeners (all lent,
         never replaced).
     :param log_unhandled: log a periodic run's failure that nothing handles.
+    :param clock: the queue's loop, once known.
     """
 
     __slots__ = (
         "_banned_kind",
         "_clock",
         "_enter",
-        "_loop",
         "_queue_state",
         "_runner",
         "blacklist",
@@ -103,6 +103,7 @@ class Settler:
         blacklist: set[str],
         listeners: Listeners,
         log_unhandled: bool,
+        clock: Clock,
     ) -> None:
         self.name = name
         self.limiter = limiter
@@ -114,19 +115,13 @@ class Settler:
         self.blacklist = blacklist
         self.listeners = listeners
         self.log_unhandled = log_unhandled
-        self._clock: Callable[[], float] = _unbound
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock = clock
         #: The row group of an envelope whose type was blacklisted while it ran.
         self._banned_kind = RELABEL[EnvEvent.BLACKLIST]
         #: The outcome table as this queue performs it: kind → outcome → action.
         self.plan: dict[Kind, dict[Outcome, Perform]] = {kind: {} for kind in Kind}
         for (kind, outcome), row in OUTCOMES.items():
             self.plan[kind][outcome] = self.resolve(row)
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read the time from ``loop`` from now on."""
-        self._loop = loop
-        self._clock = loop.time
 
     def resolve(self, row: OutcomeRow) -> Perform:
         """A row of the outcome table as this queue performs it: the row's action with
@@ -284,7 +279,7 @@ class Settler:
         or write the time of the last record (``rec.logged``): a succeeding run pays
         nothing, and a calendar schedule (no interval) or a slow failure is limited as
         any other."""
-        now = self._clock()
+        now = self._clock.time()
         if failures > 1 and now - rec.logged < _FAILURE_LOG_WINDOW:
             return
         rec.logged = now
@@ -401,13 +396,9 @@ class Settler:
         schedule = env.schedule
         if schedule is _FIXED_DELAY:
             return env.interval, None
-        now = self._clock()
+        now = self._clock.time()
         # Only a calendar reads the wall clock.
-        loop = self._loop
+        loop = self._clock.loop
         offset = wall_offset(loop) if env._calendar and loop is not None else 0.0
         at = schedule.next_run(env.interval, rec.origin, rec.due, now, offset)
         return at - now, at
-
-
-def _unbound() -> float:
-    raise RuntimeError("the queue is not bound to an event loop yet")

@@ -64,7 +64,7 @@ from envq._protocol import DONE, Count, Done, QueueProtocol, count
 from envq._reports import StopReport
 from envq._stats import Counters
 from envq._store import MemoryStore
-from envq._timers import Deadlines
+from envq._timers import Clock, Deadlines
 from envq._values import HookTimeout, Statistics, StopMode
 
 __all__ = ["Attempt", "Queue", "current_attempt"]
@@ -177,8 +177,9 @@ class Queue(OperatorCalls):
         def on_due(env: Envelope, rec: _Rec) -> None:
             mover.due(env, rec)  # the mover is made next: it holds the store
 
-        store = self._store = MemoryStore(self, on_due, deque(), keep_ended)
-        mover = self._mover = Mover(config, store, self._events, self._counts, self._now)
+        clock = self._clock = Clock()
+        store = self._store = MemoryStore(self, on_due, deque(), clock, keep_ended)
+        mover = self._mover = Mover(config, store, self._events, self._counts, self._now, clock)
         self._live = store.live
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
         # The crew, the deadline timer, the attempt runner, the outcome interpreter and
@@ -196,9 +197,15 @@ class Queue(OperatorCalls):
             bare=not config.stamps,
             dispatch_to=QUEUE_MOVES[(EnvState.READY, EnvEvent.DISPATCH)].targets[None],
         )
-        self._deadlines = Deadlines(self._crew.expire)
+        self._deadlines = Deadlines(clock, self._crew.expire)
         self._runner = Runner(
-            name, config.stamps, hook_timeout, self._threads, self._deadlines, self._crew.abandon
+            name,
+            config.stamps,
+            hook_timeout,
+            self._threads,
+            clock,
+            self._deadlines,
+            self._crew.abandon,
         )
         self._admission = admission = Admission(
             name,
@@ -226,6 +233,7 @@ class Queue(OperatorCalls):
             blacklist=self._blacklist,
             listeners=self._events,
             log_unhandled=log_unhandled,
+            clock=clock,
         )
         self._lc = Lifecycle(
             name,
@@ -652,16 +660,8 @@ class Queue(OperatorCalls):
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
             self._loop_thread = threading.get_ident()
-            self._clock = loop.time
-            self._store.bind(loop)
-            self._mover.bind(loop)
-            self._deadlines.bind(loop)
-            self._runner.bind(loop)
-            self._settler.bind(loop)
+            self._clock.use(loop)
         return loop
-
-    def _unbound_clock(self) -> float:
-        return self._bound_loop().time()
 
     def _own_loop(self, method: str) -> None:
         check_own_loop(self._loop, self.name, method)

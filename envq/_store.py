@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable
 from envq._envelope import Envelope, _Rec
 from envq._machine import EnvState
 from envq._reports import LiveEnvelope
-from envq._timers import DelayHeap
+from envq._timers import Clock, DelayHeap
 
 __all__ = ["MemoryStore"]
 
@@ -35,6 +35,7 @@ class MemoryStore:
     :param on_due: called with ``(env, rec)`` when a delayed envelope's time comes.
     :param idle: the wake-up futures of idle workers (the crew's, lent): holding an
         envelope READY wakes one.
+    :param clock: the queue's loop, once known (the delay heap's timer runs on it).
 
     The two holds every envelope goes through — READY (append to :attr:`ready`, wake
     one of :attr:`idle`) and the end (leave :attr:`live`, and the delay heap if it is
@@ -49,6 +50,7 @@ class MemoryStore:
         owner: object,
         on_due: Callable[[Envelope, _Rec], None],
         idle: deque[asyncio.Future[bool]],
+        clock: Clock,
         keep: int = 0,
     ) -> None:
         #: The live envelopes, in admission order.
@@ -58,7 +60,7 @@ class MemoryStore:
         #: READY envelopes, in the order they became ready.
         self.ready: deque[Envelope] = deque()
         #: DELAYED envelopes, by due time.
-        self.delays = DelayHeap(owner, on_due)
+        self.delays = DelayHeap(owner, on_due, clock)
         #: (admission number, envelope) handed back by the termination under way.
         self.handed: list[tuple[int, Envelope]] = []
         self.idle = idle
@@ -66,10 +68,6 @@ class MemoryStore:
         #: retry or discard: the latest ``keep`` (0: none), the oldest first.
         self.ended: dict[Envelope, None] = {}
         self.keep = keep
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Use ``loop``'s timers from now on."""
-        self.delays.bind(loop)
 
     def hold(self, env: Envelope, rec: _Rec) -> None:
         """``env`` was admitted: it is live from now on."""

@@ -26,11 +26,39 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from envq._envelope import Envelope, _Rec
 
-__all__ = ["STALE_SLACK", "Deadlines", "DelayHeap"]
+__all__ = ["STALE_SLACK", "Clock", "Deadlines", "DelayHeap"]
 
 #: The delay heap is rebuilt once its stale entries (envelopes that left DELAYED early)
 #: outnumber the live ones by this many: stale entries keep their envelopes alive.
 STALE_SLACK: Final = 64
+
+
+class Clock:
+    """The event loop a queue (or a node of a shared queue) runs on, once known: its
+    time and its timers.
+
+    Made first and lent to every part that reads the time or sets a timer (the delay
+    heap, the deadline timer, the entry routines, the attempt runner, the outcome
+    interpreter); the queue names the loop once, on first use (:meth:`use`), and every
+    part sees it from then on.
+    """
+
+    __slots__ = ("loop", "time")
+
+    def __init__(self) -> None:
+        #: The loop; None until :meth:`use`.
+        self.loop: asyncio.AbstractEventLoop | None = None
+        #: The loop's clock, ``loop.time`` (raises until :meth:`use`).
+        self.time: Callable[[], float] = _unbound
+
+    def use(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run on ``loop`` from now on."""
+        self.loop = loop
+        self.time = loop.time
+
+
+def _unbound() -> float:
+    raise RuntimeError("the queue is not bound to an event loop yet")
 
 
 def _resolution(loop: asyncio.AbstractEventLoop) -> float:
@@ -47,21 +75,19 @@ class DelayHeap:
     comes due, earliest first.
     """
 
-    __slots__ = ("_heap", "_loop", "_on_due", "_owner", "_stale", "_ticks", "_timer", "_timer_at")
+    __slots__ = ("_clock", "_heap", "_on_due", "_owner", "_stale", "_ticks", "_timer", "_timer_at")
 
-    def __init__(self, owner: object, on_due: Callable[[Envelope, _Rec], None]) -> None:
+    def __init__(
+        self, owner: object, on_due: Callable[[Envelope, _Rec], None], clock: Clock
+    ) -> None:
         self._owner = owner
         self._on_due = on_due
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock = clock
         self._heap: list[tuple[float, int, Envelope]] = []
         self._ticks = 0
         self._stale = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Use ``loop``'s timers from now on."""
-        self._loop = loop
 
     def __len__(self) -> int:
         """Entries held, stale ones included."""
@@ -108,15 +134,16 @@ class DelayHeap:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = due
-        assert self._loop is not None
-        self._timer = self._loop.call_at(due, self._fire)
+        loop = self._clock.loop
+        assert loop is not None
+        self._timer = loop.call_at(due, self._fire)
 
     def _fire(self) -> None:
         """Every envelope due by now becomes READY, earliest first."""
         self._timer = None
         self._timer_at = math.inf
         heap = self._heap
-        loop = self._loop
+        loop = self._clock.loop
         assert loop is not None
         # Read the clock once: an entry pushed by a READY entry's wake-up is never due.
         limit = loop.time() + _resolution(loop)
@@ -145,19 +172,15 @@ class Deadlines:
     earliest limit still running (``inf`` for none), which the timer moves on to.
     """
 
-    __slots__ = ("_handle", "_loop", "_on_fire", "armed_at")
+    __slots__ = ("_clock", "_handle", "_on_fire", "armed_at")
 
-    def __init__(self, on_fire: Callable[[float], float]) -> None:
+    def __init__(self, clock: Clock, on_fire: Callable[[float], float]) -> None:
+        self._clock = clock
         self._on_fire = on_fire
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         #: The loop time the timer is armed for (inf when disarmed); a limit earlier
         #: than this needs ``arm``, any other does not.
         self.armed_at = math.inf
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Use ``loop``'s timers from now on."""
-        self._loop = loop
 
     @property
     def armed(self) -> bool:
@@ -170,8 +193,9 @@ class Deadlines:
             if self._handle is not None:
                 self._handle.cancel()
             self.armed_at = at
-            assert self._loop is not None
-            self._handle = self._loop.call_at(at, self._fire)
+            loop = self._clock.loop
+            assert loop is not None
+            self._handle = loop.call_at(at, self._fire)
 
     def disarm(self) -> None:
         """No limit is running: cancel the timer (so that it cannot move a virtual
@@ -184,7 +208,7 @@ class Deadlines:
     def _fire(self) -> None:
         self._handle = None
         self.armed_at = math.inf
-        loop = self._loop
+        loop = self._clock.loop
         assert loop is not None
         following = self._on_fire(loop.time() + _resolution(loop))
         if following < math.inf:

@@ -239,8 +239,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-dead-letter-no-error",
         "_moves.py",
-        "self.name, self._dead_letter, self._dead_async, env, cause, self._loop\n",
-        "self.name, self._dead_letter, self._dead_async, env, None, self._loop\n",
+        "self.name, self._dead_letter, self._dead_async, env, cause, self._clock.loop\n",
+        "self.name, self._dead_letter, self._dead_async, env, None, self._clock.loop\n",
         "dead_letter is called without the envelope's last error",
     ),
     _m(
@@ -361,7 +361,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "attempt-after-no-budget",
         "_attempt.py",
-        "        limit = deadline_at if budget is None else min(deadline_at, self._clock() + budget"
+        "        limit = deadline_at if budget is None else min(deadline_at, self._clock.time() + budget"
         ")\n        self._set_limit(w, limit)\n",
         "        self._set_limit(w, deadline_at)\n",
         "the after hook runs without its own time budget",

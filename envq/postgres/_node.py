@@ -45,7 +45,7 @@ from envq._machine import (
     QueueState,
 )
 from envq._notify import to_dead_letter
-from envq._timers import Deadlines
+from envq._timers import Clock, Deadlines
 from envq._values import HookTimeout
 from envq.postgres._codec import decode
 from envq.postgres._edges import CHANNEL, MAX_NODE_NAME, lost, redact
@@ -241,12 +241,15 @@ class Node:
         #: end (a stop's report, the metrics): ``state`` the row's, ``claimed_at`` on
         #: ``time.monotonic()``.
         self.watches: list[Callable[[Envelope, Outcome, str, float], None]] = []
-        self._deadlines = Deadlines(self._expire_limits)
+        #: The loop the node serves on, once known (its attempts' time limits run on it).
+        self._clock = Clock()
+        self._deadlines = Deadlines(self._clock, self._expire_limits)
         self._runner = Runner(
             host.name,
             stamps,
             hook_timeout,
             Threads(max(1, workers), f"envq-pg-{host.name}"),
+            self._clock,
             self._deadlines,
             self._abandoned,
         )
@@ -302,18 +305,14 @@ class Node:
         (a producer): with every node gone, nobody else would."""
         if self.serving:
             return
-        loop = asyncio.get_running_loop()
-        self._runner.bind(loop)
-        self._deadlines.bind(loop)
+        self._clock.use(asyncio.get_running_loop())
         async with self._host._session() as conn:
             await self._reaper_of.reap(conn)
 
     async def serve(self) -> None:
         self.serving = True
         self._epoch += 1
-        loop = asyncio.get_running_loop()
-        self._runner.bind(loop)
-        self._deadlines.bind(loop)
+        self._clock.use(asyncio.get_running_loop())
         await self._listen()
         self._tasks = [
             asyncio.create_task(self._pump(), name=f"envq-pg-pump-{self.name}"),

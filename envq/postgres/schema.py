@@ -80,12 +80,10 @@ from envq._machine import (
 from envq._reports import STORY_LIMIT
 from envq._values import Schedule
 from envq.postgres._sql import (
-    CAPACITY,
     CLAIM_UPDATE,
     ENVELOPE_CHECK,
     ENVELOPE_DELETE,
     FINISH_UPDATE,
-    JOURNAL,
     LEASES,
     LOCK_QUEUES_OF_SEQS,
     QUEUE_CHECK,
@@ -93,6 +91,7 @@ from envq.postgres._sql import (
     QUEUE_LOCK,
     SCHEDULES,
 )
+from envq.postgres._sql_kept import CAPACITY, JOURNAL
 
 __all__ = [
     "COMPATIBLE_FROM",
