@@ -36,12 +36,13 @@ from envq._machine import (
     EnvEvent,
     LifeAction,
     LifeRow,
+    QueueCall,
 )
 from envq._rules import Room, refusal, room
-from envq._stats import Counters
+from envq._stats import Counters, Status, call_refused
 from envq._values import Rejection
 
-__all__ = ["Admission", "Waiter"]
+__all__ = ["Admission", "RoomWaiters", "Waiter", "new_envelopes"]
 
 _EV_SEND = EnvEvent.SEND
 
@@ -56,6 +57,65 @@ class Waiter:
         self.fut = fut
 
 
+class RoomWaiters:
+    """The producers of one queue waiting for room in ``send_wait``, first come first
+    served, and when the first of them may try again: once its batch fits, or would be
+    refused.
+
+    Made before the entry routines, which wake it as envelopes end; admission queues
+    the producers and the lifecycle wakes it when the queue's state changes.
+
+    :param capacity: the queue's capacity (0: none, and nobody waits).
+    :param status: the queue's lifecycle state (a send it rejects wakes the waiter, to
+        be refused).
+    :param owner: the queue; ``live``, ``ids``, ``blacklist``: its live envelopes, those
+        with an ``id`` by it, its blacklisted types (all lent, never replaced).
+    """
+
+    __slots__ = ("_blacklist", "_ids", "_live", "_owner", "_status", "capacity", "waiters")
+
+    def __init__(
+        self,
+        capacity: int,
+        status: Status,
+        owner: object,
+        live: dict[Envelope, _Rec],
+        ids: dict[Hashable, Envelope],
+        blacklist: set[str],
+    ) -> None:
+        self.capacity = capacity
+        self._status = status
+        self._owner = owner
+        self._live = live
+        self._ids = ids
+        self._blacklist = blacklist
+        #: The producers waiting, first come first served.
+        self.waiters: deque[Waiter] = deque()
+
+    def pump(self) -> None:
+        """Wake the first waiting producer once its batch fits, or would be refused."""
+        waiters = self.waiters
+        if waiters:
+            head = waiters[0]
+            if not head.fut.done() and self._may_admit(head.envs):
+                head.fut.set_result(None)
+
+    def _may_admit(self, items: Sequence[Envelope]) -> bool:
+        """Whether admitting ``items`` now would not wait for room: it fits, or one of
+        send's checks refuses it."""
+        capacity = self.capacity
+        if not capacity or self._status.send_row.action is LifeAction.REJECT:
+            return True
+        blacklist = self._blacklist
+        for env in items:
+            if not isinstance(env, Envelope) or (blacklist and env.type in blacklist):
+                return True
+            owner = env._rec.owner
+            if owner is not None and owner is not self._owner:
+                return True
+        return len(self._live) + len(new_envelopes(items, self._ids)) <= capacity
+
+
 class Admission:
     """The admission side of one queue.
 
@@ -65,8 +125,8 @@ class Admission:
         ``counts``: its counters (all lent, never replaced).
     :param enter: the queue's entry routine.
     :param first_delay: seconds an envelope waits before its first run.
-    :param send_row: the lifecycle row of a send in the queue's current state.
-    :param refuse_state: raise the error of a rejecting send row.
+    :param status: the queue's lifecycle state (its SEND row).
+    :param room: the producers waiting for room.
     :param listeners: the queue's listeners (a batch's events reach them once it is
         admitted whole).
     """
@@ -83,8 +143,8 @@ class Admission:
         counts: Counters,
         enter: Enter,
         first_delay: Callable[[Envelope], float],
-        send_row: Callable[[], LifeRow],
-        refuse_state: Callable[[LifeRow, Sequence[Envelope]], object],
+        status: Status,
+        room: RoomWaiters,
         listeners: Listeners,
     ) -> None:
         self.name = name
@@ -96,11 +156,11 @@ class Admission:
         self._counts = counts
         self._enter = enter
         self._first_delay = first_delay
-        self._send_row = send_row
-        self._refuse_state = refuse_state
+        self._status = status
+        self._room = room
         self._listeners = listeners
-        #: Producers waiting for room, first come first served.
-        self.waiters: deque[Waiter] = deque()
+        #: Producers waiting for room, first come first served (the room's, lent).
+        self.waiters = room.waiters
         #: Admissions so far (an envelope's ``seq``: hand-back order).
         self._seq = 0
         # The SEND row, resolved once: buffered, or armed by whether it must wait.
@@ -116,9 +176,12 @@ class Admission:
         that sends (or cancels) then finds the whole batch live, its capacity taken and
         its seqs given."""
         if waiting:
-            row = self._send_row()
+            status = self._status
+            row = status.send_row
             if row.action is LifeAction.REJECT:
-                self._refuse_state(row, items)
+                raise call_refused(
+                    self.name, status.state, row, QueueCall.SEND, items, self._counts
+                )
             buffer = row.action is LifeAction.BUFFER
         dedups = 0
         careful = False
@@ -142,7 +205,7 @@ class Admission:
         if careful:
             # Dedup by id, and every first delay worked out before anything moves (a
             # schedule that cannot place its first run refuses the whole batch).
-            fresh = self.fresh(items)
+            fresh = new_envelopes(items, self.ids)
             dedups = len(items) - len(fresh)
             delays = self.first_delays(fresh, probe=buffer)
         elif dedups:
@@ -209,10 +272,11 @@ class Admission:
         nothing), then each admitted again as live, its story kept (no reset of its
         attempts or its last error); the envelopes admitted, for the caller to move."""
         if row.action is LifeAction.REJECT:
-            self._refuse_state(row, batch)
+            status = self._status
+            raise call_refused(self.name, status.state, row, QueueCall.SEND, batch, self._counts)
         if self.blacklist and any(env.type in self.blacklist for env in batch):
             self.refuse(batch)
-        fresh = self.fresh(batch)
+        fresh = new_envelopes(batch, self.ids)
         verdict = room(len(self.live), len(fresh), self.capacity)
         if verdict is not Room.FITS:
             why = refusal(verdict, len(self.live), len(fresh), self.capacity, doing="retry")
@@ -227,26 +291,6 @@ class Admission:
             self.live[env] = rec
             if env.id is not None:
                 self.ids[env.id] = env
-        return fresh
-
-    def fresh(self, items: Sequence[Envelope]) -> list[Envelope]:
-        """The envelopes of ``items`` to admit: neither live here nor named earlier in
-        the batch, each by its dedup key (its ``id`` if it has one, else itself)."""
-        ids = self.ids
-        seen: set[Hashable] = set()
-        fresh: list[Envelope] = []
-        for env in items:
-            if env._rec.owner is not None:
-                continue
-            key: Hashable = env.id
-            if key is None:
-                key = _Identity(env)
-            elif key in ids:
-                continue
-            if key in seen:
-                continue
-            seen.add(key)
-            fresh.append(env)
         return fresh
 
     def first_delays(self, fresh: Sequence[Envelope], probe: bool) -> dict[Envelope, float]:
@@ -294,29 +338,6 @@ class Admission:
         self._counts.rejections[reason] += 1
         raise error(f"queue {self.name!r}: {message}")
 
-    def pump(self) -> None:
-        """Wake the first waiting producer once its batch fits, or would be refused."""
-        waiters = self.waiters
-        if waiters:
-            head = waiters[0]
-            if not head.fut.done() and self._may_admit(head.envs):
-                head.fut.set_result(None)
-
-    def _may_admit(self, items: Sequence[Envelope]) -> bool:
-        """Whether admitting ``items`` now would not wait for room: it fits, or one of
-        send's checks refuses it."""
-        capacity = self.capacity
-        if not capacity or self._send_row().action is LifeAction.REJECT:
-            return True
-        blacklist = self.blacklist
-        for env in items:
-            if not isinstance(env, Envelope) or (blacklist and env.type in blacklist):
-                return True
-            owner = env._rec.owner
-            if owner is not None and owner is not self.owner:
-                return True
-        return len(self.live) + len(self.fresh(items)) <= capacity
-
     async def wait(
         self,
         batch: tuple[Envelope, ...],
@@ -328,7 +349,7 @@ class Admission:
         ``send()`` would raise if the queue changes state meanwhile, and
         ``CapacityExceeded`` on ``timeout``."""
         if all(isinstance(env, Envelope) for env in batch):
-            distinct = len(self.fresh(batch))
+            distinct = len(new_envelopes(batch, self.ids))
         else:  # refused once woken, by the checks of send()
             distinct = len({id(env) for env in batch})
         if room(0, distinct, self.capacity) is Room.NEVER:
@@ -356,7 +377,28 @@ class Admission:
             ) from None
         finally:
             self.waiters.remove(waiter)
-            self.pump()
+            self._room.pump()
+
+
+def new_envelopes(items: Sequence[Envelope], ids: dict[Hashable, Envelope]) -> list[Envelope]:
+    """The envelopes of ``items`` to admit: neither live in the queue (``ids``: its live
+    envelopes that have an ``id``, by it) nor named earlier in the batch, each by its
+    dedup key (its ``id`` if it has one, else itself)."""
+    seen: set[Hashable] = set()
+    found: list[Envelope] = []
+    for env in items:
+        if env._rec.owner is not None:
+            continue
+        key: Hashable = env.id
+        if key is None:
+            key = _Identity(env)
+        elif key in ids:
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        found.append(env)
+    return found
 
 
 class _Identity:

@@ -34,10 +34,9 @@ from envq._machine import (
     EnvState,
     Kind,
     Outcome,
-    QueueState,
 )
 from envq._outcomes import Perform
-from envq._stats import StopRun
+from envq._stats import Status
 from envq._timers import Deadlines
 
 __all__ = ["ATTEMPT", "Crew", "Host"]
@@ -84,13 +83,7 @@ class Host(Protocol):
 
 
 class Life(Protocol):
-    """What the crew reads of the queue's lifecycle, and the rows it asks for."""
-
-    @property
-    def state(self) -> QueueState: ...
-
-    @property
-    def run(self) -> StopRun | None: ...
+    """The lifecycle rows the crew asks for."""
 
     def check_drained(self) -> None: ...
 
@@ -108,6 +101,8 @@ class Crew:
     :param bare: the queue has no stamps (an envelope without hooks may then run its
         attempt inline).
     :param dispatch_to: the target of the DISPATCH row.
+    :param status: the queue's lifecycle state (whether the workers dispatch, the stop
+        under way).
     """
 
     def __init__(
@@ -124,9 +119,11 @@ class Crew:
         rate: RateLimiter | None,
         bare: bool,
         dispatch_to: EnvState,
+        status: Status,
     ) -> None:
         self._name = name
         self._host = host
+        self._status = status
         self._size = size
         self._ready = ready
         self._live = live
@@ -233,6 +230,7 @@ class Crew:
     async def serve(self, w: Worker) -> None:
         host = self._host
         life = self._life
+        status = self._status
         loop, runner, deadlines = self._loop, self.runner, self.deadlines
         assert life is not None
         assert loop is not None
@@ -257,7 +255,7 @@ class Crew:
             if not ready:
                 # Ready work only exists while dispatching, so the lifecycle is checked
                 # here, before idling, not on every envelope.
-                if life.state not in DISPATCHING:
+                if status.state not in DISPATCHING:
                     return
                 if deadlines.armed:
                     self.disarm_deadlines()
@@ -314,7 +312,7 @@ class Crew:
                 # Settle the attempt: count it, note it for a stop under way, and
                 # perform its row of the outcome table.
                 outcome_counts[outcome] += 1
-                run = life.run
+                run = status.run
                 if run is not None:
                     (run.cancelled if outcome is _CANCELLED else run.completed).append(env)
                 pending = plan[rec.kind][outcome](w, env, rec, outcome, cause)
@@ -333,7 +331,7 @@ class Crew:
                 w.deadline_at = None
                 if w.owed:  # user code swallowed envq's cancel: settle the task's count
                     runner.absorb_cancel(w)
-            if life.run is not None and not ready:
+            if status.run is not None and not ready:
                 life.check_drained()
             if w.abandoned:
                 raise asyncio.CancelledError

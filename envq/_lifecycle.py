@@ -2,21 +2,20 @@
 
 The queue's public calls look up ``LIFECYCLE[(state, call)]`` and hand the row to
 :meth:`Lifecycle.perform`, which performs its :class:`LifeAction` in one exhaustive
-``match`` (mypy proves every action handled). The one queue state field lives here,
-with what a stop under way needs: its run (who it spared, what it cancelled), its final
-report, and the callers waiting for it. Envelopes move only through the queue's entry
-routines (:class:`Host`); the workers, the delay heap and the deadline timer are the
-queue's, lent.
+``match`` (mypy proves every action handled). It is the only writer of the queue's one
+state field (:class:`envq._status.Status`, which the other parts read), and keeps a
+stop's final report. Envelopes move only through the queue's entry routines; the
+workers, the delay heap and the deadline timer are the queue's, lent.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final, Protocol, assert_never
 
 from envq import _machine
-from envq._admission import Admission
+from envq._admission import Admission, RoomWaiters
 from envq._attempt import Threads, Worker
 from envq._crew import Crew
 from envq._envelope import Envelope
@@ -24,10 +23,8 @@ from envq._first_run import calendar_delay, unschedulable
 from envq._listeners import Listeners
 from envq._machine import (
     BROADCASTS,
-    INITIAL_QUEUE,
     LIFECYCLE,
     SETTLED,
-    STAYING,
     CancelCause,
     EnvState,
     LifeAction,
@@ -37,12 +34,12 @@ from envq._machine import (
 )
 from envq._moves import Mover
 from envq._reports import Event, StopReport
-from envq._stats import Counters, StopRun, report
+from envq._stats import Counters, Status, StopRun, call_refused, check_stays, report
 from envq._store import MemoryStore
 from envq._timers import Deadlines
-from envq._values import Rejection, StopMode
+from envq._values import StopMode
 
-__all__ = ["Host", "Lifecycle", "check_arrives", "check_stays", "release"]
+__all__ = ["Host", "Lifecycle"]
 
 _READY: Final = EnvState.READY
 _DELAYED: Final = EnvState.DELAYED
@@ -67,9 +64,10 @@ class Lifecycle:
     """The lifecycle machine of one queue, performed.
 
     :param host: the queue (its entry routines and loop).
-    :param store: the holding side; ``mover``: the entry routines; the admission,
-        crew, deadline timer, thread pool, counters and listeners are the queue's own,
-        lent.
+    :param status: the queue's lifecycle state, which only this writes.
+    :param store: the holding side; ``mover``: the entry routines; the admission, the
+        producers waiting for room, crew, deadline timer, thread pool, counters and listeners are
+        the queue's own, lent.
     """
 
     def __init__(
@@ -77,9 +75,11 @@ class Lifecycle:
         name: str,
         host: Host,
         *,
+        status: Status,
         store: MemoryStore,
         mover: Mover,
         admission: Admission,
+        room: RoomWaiters,
         crew: Crew,
         deadlines: Deadlines,
         threads: Threads,
@@ -93,22 +93,25 @@ class Lifecycle:
         self._ready = store.ready
         self._mover = mover
         self._admission = admission
+        self._room = room
         self._crew = crew
         self._deadlines = deadlines
         self._threads = threads
         self._counts = counts
         self._listeners = listeners
-        #: The queue's lifecycle state: the one field, every predicate derived from it.
-        self.state = INITIAL_QUEUE
-        #: The SEND row of the current state (``send()``'s fast path reads it).
-        self.send_row = self.row_for_send(self.state)
-        #: The stop under way, if any.
-        self.run: StopRun | None = None
+        self.status = status
         #: The last stop's final report.
         self.last_report = StopReport()
-        #: Callers of ``wait_stopped()`` and ``run_until_empty()``.
-        self.stopped_waiters: list[asyncio.Future[None]] = []
-        self.empty_waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def state(self) -> QueueState:
+        """The queue's lifecycle state (the status's one field)."""
+        return self.status.state
+
+    @property
+    def run(self) -> StopRun | None:
+        """The stop under way, if any."""
+        return self.status.run
 
     def row(self, call: QueueCall) -> LifeRow:
         """The row of ``call`` in the current state."""
@@ -132,23 +135,16 @@ class Lifecycle:
             case LifeAction.NOTHING:
                 return None
             case LifeAction.REJECT:
-                assert row.error is not None
-                self._counts.rejections[Rejection.STATE] += 1
-                about = ", ".join(
-                    env.label() if isinstance(env, Envelope) else repr(env) for env in batch[:3]
-                )
-                raise row.error(
-                    f"queue {self._name!r} is {self.state.name}: {call.value}() is not allowed"
-                    + (f" ({about}{', …' if len(batch) > 3 else ''})" if batch else "")
-                )
+                raise call_refused(self._name, self.state, row, call, batch, self._counts)
             case LifeAction.ARM:
                 self.arm_all(row)
                 return None
             case LifeAction.BEGIN_STOP:
                 return self.begin_stop(row, mode, cause)
             case LifeAction.AWAIT_STOP:
-                assert self.run is not None
-                return self.run.done
+                run = self.status.run
+                assert run is not None
+                return run.done
             case LifeAction.FINISH_STOP:
                 self.finish_stop(row)
                 return None
@@ -166,20 +162,11 @@ class Lifecycle:
         """Enter queue state ``to``; then (unless told not to) admit waiting producers
         the new state lets in."""
         assert to is not None
-        frm, self.state = self.state, to
-        self.send_row = self.row_for_send(to)
+        frm = self.status.enter(to)
         if frm is not to and self._listeners.listeners:
             self._listeners.emit(Event(self._host._now(), self._name, None, frm, to))
-        if pump and self._admission.waiters:
-            self._admission.pump()
-
-    @staticmethod
-    def row_for_send(state: QueueState) -> LifeRow:
-        """The SEND row of ``state``, cached by ``send()``'s fast path (which then skips
-        :meth:`perform`, so the strict self-loop check is made here)."""
-        row = LIFECYCLE[(state, QueueCall.SEND)]
-        check_stays(row, state)
-        return row
+        if pump and self._room.waiters:
+            self._room.pump()
 
     def arm_all(self, row: LifeRow) -> None:
         loop = self._host._bound_loop()
@@ -204,7 +191,7 @@ class Lifecycle:
                 delays[env] = compute(env)
             except Exception as exc:
                 raise unschedulable(f"queue {self._name!r}: start()", env, exc) from exc
-        self.run = None
+        self.status.run = None
         # Waiting producers are let in only once everything already admitted is armed:
         # their envelopes enter READY/DELAYED by admission, not by START, and queue up
         # behind the earlier ones.
@@ -218,13 +205,13 @@ class Lifecycle:
             to = _machine.queue_move(rec.state, arms, delay > 0)
             assert to is not None, rec.state
             self._mover.enter(env, rec, arms, to, delay)
-        if self._admission.waiters:
-            self._admission.pump()
+        if self._room.waiters:
+            self._room.pump()
 
     def begin_stop(
         self, row: LifeRow, mode: StopMode, cause: CancelCause | None
     ) -> asyncio.Future[None]:
-        run = self.run = StopRun(self._host._bound_loop().create_future())
+        run = self.status.run = StopRun(self._host._bound_loop().create_future())
         run.spared = self._host._inside()
         self.set_state(row.target)
         self.park(mode)
@@ -233,7 +220,7 @@ class Lifecycle:
         return run.done
 
     def escalate(self, cause: CancelCause | None) -> asyncio.Future[None]:
-        run = self.run
+        run = self.status.run
         assert run is not None
         self.park(StopMode.STOP, LifeAction.ESCALATE)
         run.spared = None  # terminate spares nobody
@@ -272,12 +259,12 @@ class Lifecycle:
         self.set_state(row.target)
         self._deadlines.disarm()  # no worker holds an envelope: no limit is running
         self.last_report = self.make_report()
-        run = self.run
-        self.run = None
+        run = self.status.run
+        self.status.run = None
         self._crew.retire_idle()
         if run is not None and not run.done.done():
             run.done.set_result(None)
-        self.wake_stopped()
+        self.status.wake_stopped()
 
     def hand_back(self, row: LifeRow) -> None:
         # State first: waiting producers must see TERMINATED, not the room handing
@@ -290,15 +277,7 @@ class Lifecycle:
             self._mover.enter(env, rec, hands_back, to)
         self._threads.shutdown()
         self._deadlines.disarm()
-        self.wake_stopped()
-
-    def wake_empty(self) -> None:
-        waiters, self.empty_waiters = self.empty_waiters, []
-        release(waiters)
-
-    def wake_stopped(self) -> None:
-        waiters, self.stopped_waiters = self.stopped_waiters, []
-        release(waiters)
+        self.status.wake_stopped()
 
     def make_report(self) -> StopReport:
         return report(
@@ -315,23 +294,3 @@ class Lifecycle:
             mode=StopMode.STOP,
             cause=CancelCause.STOP,
         )
-
-
-def check_stays(row: LifeRow, state: QueueState) -> None:
-    """Under STRICT: a row whose action keeps the state must name it as its target."""
-    if _machine.STRICT and row.action in STAYING:
-        assert row.target is state, f"{row} must leave the state unchanged"
-
-
-def check_arrives(row: LifeRow, state: QueueState) -> None:
-    """Under STRICT: a composite row (a stop, then a terminate) must end in its target,
-    though the rows it runs through are the ones that move the state."""
-    if _machine.STRICT:
-        assert row.target is state, f"{row} ended in {state.name}"
-
-
-def release(futures: Iterable[asyncio.Future[None]]) -> None:
-    """Resolve every future not already done (cancelled waiters are skipped)."""
-    for fut in futures:
-        if not fut.done():
-            fut.set_result(None)

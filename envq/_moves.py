@@ -11,9 +11,8 @@ statistics agree with the event and may send the envelope again.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 from envq import _machine
 from envq._config import QueueConfig
@@ -23,9 +22,12 @@ from envq._listeners import Listeners
 from envq._machine import ENVELOPE_MOVES, EnvEvent, EnvState, Kind, Outcome
 from envq._notify import to_dead_letter, unhandled_failure
 from envq._reports import STORY_LIMIT, AttemptRecord, ErrorInfo, Event
-from envq._stats import Counters
+from envq._stats import Counters, Status
 from envq._store import MemoryStore
 from envq._timers import Clock
+
+if TYPE_CHECKING:
+    from envq._admission import RoomWaiters
 
 __all__ = ["Mover"]
 
@@ -41,22 +43,6 @@ _DUE: Final = EnvEvent.DUE
 _PERIODIC: Final = Kind.PERIODIC
 
 
-class _Waiting(Protocol):
-    """Who waits for room or for the queue to empty (admission, the lifecycle)."""
-
-    @property
-    def waiters(self) -> object: ...
-
-    def pump(self) -> None: ...
-
-
-class _Emptied(Protocol):
-    @property
-    def empty_waiters(self) -> list[asyncio.Future[None]]: ...
-
-    def wake_empty(self) -> None: ...
-
-
 class Mover:
     """The entry routines of one queue.
 
@@ -65,6 +51,8 @@ class Mover:
         told).
     :param now: the loop time for events.
     :param clock: the queue's loop, once known.
+    :param status: the queue's lifecycle state (who waits for it to empty).
+    :param room: the producers waiting for room, woken when an envelope ends.
     """
 
     def __init__(
@@ -75,6 +63,8 @@ class Mover:
         counts: Counters,
         now: Callable[[], float],
         clock: Clock,
+        status: Status,
+        room: RoomWaiters,
     ) -> None:
         self.name = config.name
         self._store = store
@@ -96,14 +86,8 @@ class Mover:
         #: Whether moves are observed (someone listens, or STRICT).
         self.observed = listeners.observed
         self._due_to = _machine.queue_move(_DELAYED, EnvEvent.DUE)
-        self._admission: _Waiting | None = None
-        self._lifecycle: _Emptied | None = None
-
-    def attach(self, admission: _Waiting, lifecycle: _Emptied) -> None:
-        """The producers waiting for room and the callers waiting for the queue to
-        empty, woken when an envelope ends."""
-        self._admission = admission
-        self._lifecycle = lifecycle
+        self._status = status
+        self._room = room
 
     def move(
         self,
@@ -208,12 +192,12 @@ class Mover:
                     self._log_unhandled and env.on_failure is None and not self._listeners.handlers
                 ):
                     unhandled_failure(self.name, env, cause)
-            lifecycle = self._lifecycle
-            if lifecycle is not None and lifecycle.empty_waiters and not self._live:
-                lifecycle.wake_empty()
-            admission = self._admission
-            if admission is not None and admission.waiters:
-                admission.pump()
+            status = self._status
+            if status.empty_waiters and not self._live:
+                status.wake_empty()
+            room = self._room
+            if room.waiters:
+                room.pump()
         elif to is _PARKED or to is _BUFFERED:
             if self.observed:
                 self.observe(env, frm, event, to, cause)

@@ -39,10 +39,10 @@ from envq._machine import (
     EnvEvent,
     EnvState,
     LifeAction,
-    LifeRow,
 )
 from envq._protocol import Count, count
 from envq._reports import LiveEnvelope
+from envq._stats import Status
 from envq._store import MemoryStore
 
 __all__ = ["Operator", "OperatorCalls"]
@@ -63,7 +63,7 @@ class Operator:
         discard leaves the store).
     :param admission: send's checks (a retry passes them as a send does).
     :param crew: the workers (a running envelope's attempt is asked to stop).
-    :param send_row: the lifecycle row of a send in the queue's state now.
+    :param status: the queue's lifecycle state (the SEND row a retry is admitted by).
     """
 
     def __init__(
@@ -75,7 +75,7 @@ class Operator:
         move: Callable[[Envelope, _Rec, EnvEvent, EnvState], None],
         admission: Admission,
         crew: Crew,
-        send_row: Callable[[], LifeRow],
+        status: Status,
     ) -> None:
         self.name = name
         self._store = store
@@ -83,7 +83,7 @@ class Operator:
         self._move = move
         self._admission = admission
         self._crew = crew
-        self._send_row = send_row
+        self._status = status
 
     def _find(self, keys: Iterable[object], where: dict[Envelope, object]) -> list[Envelope]:
         """The envelopes of ``where`` that ``keys`` name: an envelope itself, or its
@@ -134,7 +134,7 @@ class Operator:
         batch = self._find(keys, store.ended)  # type: ignore[arg-type]
         if not batch:
             return 0
-        row = self._send_row()
+        row = self._status.send_row
         admitted = self._admission.readmit(batch, row)
         arrival = Arrival.BUFFER if row.action is LifeAction.BUFFER else Arrival.NOW
         for env in admitted:

@@ -34,9 +34,9 @@ from envq._machine import (
     Kind,
     Outcome,
     OutcomeRow,
-    QueueState,
 )
 from envq._rules import exhausted, failure, hook_number
+from envq._stats import Status
 from envq._timers import Clock
 from envq._values import Schedule
 
@@ -65,8 +65,8 @@ class Settler:
     """Performs the outcome rows for one queue.
 
     :param enter: the queue's entry routine (every move goes through it).
-    :param queue_state: the queue's lifecycle state now (a move back into a queue that
-        is not RUNNING parks).
+    :param status: the queue's lifecycle state (a move back into a queue that is not
+        RUNNING parks).
     :param live: the queue's live envelopes; ``ready``: its ready deque;
         ``blacklist``: its blacklisted types; ``listeners``: its listeners (all lent,
         never replaced).
@@ -78,8 +78,8 @@ class Settler:
         "_banned_kind",
         "_clock",
         "_enter",
-        "_queue_state",
         "_runner",
+        "_status",
         "blacklist",
         "limiter",
         "listeners",
@@ -97,7 +97,7 @@ class Settler:
         limiter: RateLimiter | None,
         runner: Runner,
         enter: Enter,
-        queue_state: Callable[[], QueueState],
+        status: Status,
         live: dict[Envelope, _Rec],
         ready: deque[Envelope],
         blacklist: set[str],
@@ -109,7 +109,7 @@ class Settler:
         self.limiter = limiter
         self._runner = runner
         self._enter = enter
-        self._queue_state = queue_state
+        self._status = status
         self.live = live
         self.ready = ready
         self.blacklist = blacklist
@@ -386,7 +386,7 @@ class Settler:
             if wait > delay:
                 delay, at = wait, None
             limited = delay > 0
-        to = _machine.put_back(to, limited=limited, queue=self._queue_state())
+        to = _machine.put_back(to, limited=limited, queue=self._status.state)
         self._enter(env, rec, outcome, to, delay, cause, at)
 
     def _next_run(self, env: Envelope, rec: _Rec) -> tuple[float, float | None]:

@@ -28,14 +28,14 @@ from typing import Final, TypeVar, cast
 import attrs
 
 from envq import _checks, _machine
-from envq._admission import Admission
+from envq._admission import Admission, RoomWaiters
 from envq._attempt import Runner, Threads, Worker
 from envq._config import DeadLetter, QueueConfig
 from envq._crew import ATTEMPT, HOSTED, Crew
 from envq._entry import check_own_loop, keep_alive, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
 from envq._first_run import first_delay
-from envq._lifecycle import Lifecycle, check_arrives
+from envq._lifecycle import Lifecycle
 from envq._limits import RateLimiter
 from envq._listeners import Listener, Listeners
 from envq._machine import (
@@ -62,7 +62,7 @@ from envq._operator import Operator, OperatorCalls
 from envq._outcomes import Settler
 from envq._protocol import DONE, Count, Done, QueueProtocol, count
 from envq._reports import StopReport
-from envq._stats import Counters
+from envq._stats import Counters, Status, check_arrives
 from envq._store import MemoryStore
 from envq._timers import Clock, Deadlines
 from envq._values import HookTimeout, Statistics, StopMode
@@ -178,8 +178,12 @@ class Queue(OperatorCalls):
             mover.due(env, rec)  # the mover is made next: it holds the store
 
         clock = self._clock = Clock()
+        status = self._status = Status()
         store = self._store = MemoryStore(self, on_due, deque(), clock, keep_ended)
-        mover = self._mover = Mover(config, store, self._events, self._counts, self._now, clock)
+        room = RoomWaiters(capacity, status, self, store.live, store.ids, self._blacklist)
+        mover = self._mover = Mover(
+            config, store, self._events, self._counts, self._now, clock, status, room
+        )
         self._live = store.live
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
         # The crew, the deadline timer, the attempt runner, the outcome interpreter and
@@ -196,6 +200,7 @@ class Queue(OperatorCalls):
             rate=rate,
             bare=not config.stamps,
             dispatch_to=QUEUE_MOVES[(EnvState.READY, EnvEvent.DISPATCH)].targets[None],
+            status=status,
         )
         self._deadlines = Deadlines(clock, self._crew.expire)
         self._runner = Runner(
@@ -217,8 +222,8 @@ class Queue(OperatorCalls):
             counts=self._counts,
             enter=mover.enter,
             first_delay=self._first_delay,
-            send_row=lambda: self._lc.send_row,
-            refuse_state=lambda row, batch: self._lc.perform(row, QueueCall.SEND, batch),
+            status=status,
+            room=room,
             listeners=self._events,
         )
         self._admit = admission.admit
@@ -227,7 +232,7 @@ class Queue(OperatorCalls):
             limiter=limiter,
             runner=self._runner,
             enter=mover.enter,
-            queue_state=lambda: self._lc.state,
+            status=status,
             live=store.live,
             ready=store.ready,
             blacklist=self._blacklist,
@@ -238,9 +243,11 @@ class Queue(OperatorCalls):
         self._lc = Lifecycle(
             name,
             self,
+            status=status,
             store=store,
             mover=mover,
             admission=admission,
+            room=room,
             crew=self._crew,
             deadlines=self._deadlines,
             threads=self._threads,
@@ -255,9 +262,8 @@ class Queue(OperatorCalls):
             move=mover.move,
             admission=admission,
             crew=self._crew,
-            send_row=lambda: self._lc.send_row,
+            status=status,
         )
-        mover.attach(admission, self._lc)
         #: What the last ``terminate()`` handed back (``async with`` terminates on exit).
         self.leftovers: list[Envelope] = []
 
@@ -268,7 +274,7 @@ class Queue(OperatorCalls):
     @property
     def state(self) -> QueueState:
         """The lifecycle state."""
-        return self._lc.state
+        return self._status.state
 
     @property
     def capacity_used(self) -> int:
@@ -276,7 +282,7 @@ class Queue(OperatorCalls):
         return len(self._live)
 
     def __repr__(self) -> str:
-        return f"<envq.Queue {self.name!r} {self._lc.state.name} {len(self._live)} live>"
+        return f"<envq.Queue {self.name!r} {self._status.state.name} {len(self._live)} live>"
 
     def start(self) -> Done:
         """Start (or restart) the queue; needs a running event loop. Over when it
@@ -293,7 +299,7 @@ class Queue(OperatorCalls):
         if bound is not None and current is not bound:
             if bound.is_running():
                 return self._from_elsewhere(self.start)
-            row = LIFECYCLE[(self._lc.state, QueueCall.START)]
+            row = LIFECYCLE[(self._status.state, QueueCall.START)]
             if row.action is LifeAction.REJECT:
                 self._lc.perform(row, QueueCall.START)
             raise RuntimeError(
@@ -306,7 +312,7 @@ class Queue(OperatorCalls):
                 "coroutine, or from any thread once the queue's loop is running)"
             )
         self._bound_loop()
-        self._lc.perform(LIFECYCLE[(self._lc.state, QueueCall.START)], QueueCall.START)
+        self._lc.perform(LIFECYCLE[(self._status.state, QueueCall.START)], QueueCall.START)
         return DONE
 
     def send(self, *envelopes: Envelope) -> Count:
@@ -337,7 +343,7 @@ class Queue(OperatorCalls):
     def _send_here(self, envelopes: Sequence[Envelope]) -> int:
         """The send, on the queue's thread, by the lifecycle's SEND row: the number
         admitted."""
-        row = self._lc.send_row
+        row = self._status.send_row
         action = row.action
         if action is _ADMIT or action is _BUFFER:
             return self._admit(envelopes, False, action is _BUFFER)
@@ -423,7 +429,7 @@ class Queue(OperatorCalls):
                 f"queue {self.name!r}: cancel=True needs mode=StopMode.STOP (mode is DRAIN)"
             )
         self._own_loop("stop")
-        row = LIFECYCLE[(self._lc.state, QueueCall.STOP)]
+        row = LIFECYCLE[(self._status.state, QueueCall.STOP)]
         waiting = self._lc.perform(
             row, QueueCall.STOP, mode=mode, cause=CancelCause.STOP if cancel else None
         )
@@ -442,10 +448,10 @@ class Queue(OperatorCalls):
         self._own_loop("wait_stopped")
         if self._inside() is not None:
             raise RuntimeError(f"queue {self.name!r}: wait_stopped() from inside the queue")
-        if self._lc.state in SETTLED:
+        if self._status.state in SETTLED:
             return self._lc.last_report
         fut = self._bound_loop().create_future()
-        self._lc.stopped_waiters.append(fut)
+        self._status.stopped_waiters.append(fut)
         await asyncio.shield(fut)
         return self._lc.last_report
 
@@ -470,7 +476,7 @@ class Queue(OperatorCalls):
         if closing is not None:
             await asyncio.shield(closing)
             return []
-        row = LIFECYCLE[(self._lc.state, QueueCall.TERMINATE)]
+        row = LIFECYCLE[(self._status.state, QueueCall.TERMINATE)]
         self._store.handed = []
         waiting = self._lc.perform(
             row, QueueCall.TERMINATE, mode=StopMode.STOP, cause=CancelCause.TERMINATE
@@ -493,17 +499,17 @@ class Queue(OperatorCalls):
             await next_
             # Normally STOPPED → HAND_BACK; a start() that slipped in stops again.
             next_ = self._lc.perform(
-                LIFECYCLE[(self._lc.state, QueueCall.TERMINATE)],
+                LIFECYCLE[(self._status.state, QueueCall.TERMINATE)],
                 QueueCall.TERMINATE,
                 mode=StopMode.STOP,
                 cause=CancelCause.TERMINATE,
             )
-        check_arrives(row, self._lc.state)
+        check_arrives(row, self._status.state)
         return self._hand_over()
 
     def _hand_over(self) -> list[Envelope]:
         """The envelopes the termination handed back, in admission order."""
-        assert self._lc.state is QueueState.TERMINATED, self._lc.state
+        assert self._status.state is QueueState.TERMINATED, self._status.state
         self.leftovers = self._store.take_handed()
         return list(self.leftovers)
 
@@ -523,7 +529,7 @@ class Queue(OperatorCalls):
         self.start()
         if self._live:
             fut = self._bound_loop().create_future()
-            self._lc.empty_waiters.append(fut)
+            self._status.empty_waiters.append(fut)
             await asyncio.shield(fut)
         return await self.stop()
 
@@ -579,7 +585,7 @@ class Queue(OperatorCalls):
         if self._elsewhere():
             return self._from_elsewhere(self.statistics)
         return self._counts.snapshot(
-            self._lc.state,
+            self._status.state,
             (rec.state for rec in self._live.values()),
             capacity_limit=self.capacity,
             stuck_threads=self._threads.stuck,
@@ -620,7 +626,7 @@ class Queue(OperatorCalls):
         (in-flight attempts cancelled). Either way the exit returns only once the queue
         is TERMINATED, and re-raises such a cancellation afterwards."""
         interrupted = False
-        if self._lc.state is QueueState.TERMINATED:
+        if self._status.state is QueueState.TERMINATED:
             return
         if exc_type is None or not issubclass(exc_type, asyncio.CancelledError):
             try:

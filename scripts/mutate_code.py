@@ -253,15 +253,15 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-empty-wakes-early",
         "_moves.py",
-        "            if lifecycle is not None and lifecycle.empty_waiters and not self._live:\n",
-        "            if lifecycle is not None and lifecycle.empty_waiters:\n",
+        "            if status.empty_waiters and not self._live:\n",
+        "            if status.empty_waiters:\n",
         "run_until_empty() returns when the first envelope ends",
     ),
     _m(
         "queue-terminal-no-pump",
         "_moves.py",
-        "            if admission is not None and admission.waiters:\n"
-        "                admission.pump()\n",
+        "            if room.waiters:\n"
+        "                room.pump()\n",
         "",
         "a slot freed by an envelope's end does not wake the producer waiting in send_wait",
     ),
@@ -270,7 +270,7 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
         "_lifecycle.py",
         "        if run is not None and not run.done.done():\n"
         "            run.done.set_result(None)\n"
-        "        self.wake_stopped()\n",
+        "        self.status.wake_stopped()\n",
         "        if run is not None and not run.done.done():\n"
         "            run.done.set_result(None)\n",
         "wait_stopped() is never woken by the stop's end",
@@ -361,8 +361,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "attempt-after-no-budget",
         "_attempt.py",
-        "        limit = deadline_at if budget is None else min(deadline_at, self._clock.time() + budget"
-        ")\n        self._set_limit(w, limit)\n",
+        "        limit = deadline_at if budget is None else min(deadline_at,"
+        " self._clock.time() + budget)\n        self._set_limit(w, limit)\n",
         "        self._set_limit(w, deadline_at)\n",
         "the after hook runs without its own time budget",
     ),

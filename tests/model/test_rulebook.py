@@ -21,8 +21,8 @@ ROOT = Path(envq.__file__).resolve().parent
 WRITERS = frozenset(
     {
         ("_envelope.py", "__init__"),  # a record's initial state, INITIAL
-        ("_lifecycle.py", "__init__"),  # the initial lifecycle state, INITIAL_QUEUE
-        ("_lifecycle.py", "set_state"),  # every lifecycle move
+        ("_stats.py", "__init__"),  # the initial lifecycle state, INITIAL_QUEUE
+        ("_stats.py", "enter"),  # every lifecycle move (called by the lifecycle only)
         ("_admission.py", "admit"),  # the initial envelope state, INITIAL
         ("_moves.py", "move"),
         ("_moves.py", "enter"),
@@ -90,6 +90,35 @@ def state_writes(path: Path) -> list[tuple[str, int, bool]]:
     return found
 
 
+def status_entries(path: Path) -> list[tuple[str, int]]:
+    """(enclosing function, line) of each call of a status's ``enter`` in ``path``
+    (``<something>.status.enter(...)`` or ``status.enter(...)``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, func: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            func = node.name
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "enter"
+            and "status" in ast.unparse(node.func.value)
+        ):
+            found.append((func, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, func)
+
+    visit(tree, "<module>")
+    return found
+
+
+def _line_of(name: str, text: str) -> int:
+    lines = (ROOT / name).read_text().splitlines()
+    (line,) = [n for n, source in enumerate(lines, 1) if text in source]
+    return line
+
+
 class TestOnlyTheInterpreterWritesStates:
     """No module besides the interpreter writes an envelope or queue state."""
 
@@ -112,6 +141,18 @@ class TestOnlyTheInterpreterWritesStates:
             if is_spelled
         ]
         assert spelled == []
+
+    def test_only_the_lifecycle_moves_the_queue(self) -> None:
+        """The queue's state is entered (``Status.enter``) only where the lifecycle
+        performs a row: in ``Lifecycle.set_state``, with the row's target."""
+        callers = [
+            f"{path.relative_to(ROOT)}:{line} in {func}()"
+            for path in runtime_modules()
+            for func, line in status_entries(path)
+        ]
+        assert callers == [
+            f"_lifecycle.py:{_line_of('_lifecycle.py', 'status.enter(')} in set_state()"
+        ]
 
     def test_the_walk_finds_the_writes(self) -> None:
         """The walk sees the interpreter's writes (so an empty result means something)."""

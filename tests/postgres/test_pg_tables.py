@@ -686,7 +686,8 @@ async def test_a_queue_delete_waits_for_a_send_in_flight_and_is_refused(pg_dsn: 
             if waited or deleting.done():
                 break
             await asyncio.sleep(0.01)
-        assert waited and not deleting.done()
+        assert waited
+        assert not deleting.done()
         await sending.commit()
         with pytest.raises(asyncpg_error()) as caught:
             await deleting
