@@ -18,26 +18,27 @@ import asyncio
 import contextvars
 import logging
 import math
-from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
-from envq._attempt import Runner, Worker, expire_limits
+from envq._attempt import Runner, Threads, Worker, expire_limits
+from envq._config import QueueConfig
 from envq._entry import keep_alive
-from envq._envelope import Enter, Envelope, _Rec
-from envq._limits import RateLimiter, ask_limiter
+from envq._envelope import Enter, Envelope
+from envq._limits import ask_limiter
+from envq._listeners import Listeners
 from envq._machine import (
     DISPATCHING,
     FAULT_TARGET,
+    QUEUE_MOVES,
     CancelCause,
     EnvEvent,
     EnvState,
-    Kind,
     Outcome,
 )
-from envq._outcomes import Perform
-from envq._stats import Status
-from envq._timers import Deadlines
+from envq._outcomes import Settler
+from envq._stats import Counters, Status
+from envq._store import MemoryStore
+from envq._timers import Clock, Deadlines
 
 __all__ = ["ATTEMPT", "Crew", "Host"]
 
@@ -93,72 +94,77 @@ class Life(Protocol):
 class Crew:
     """The workers of one queue.
 
-    :param host: the queue served.
-    :param ready: its ready deque; ``live``: its live envelopes; ``outcome_counts``:
-        its per-outcome counters (all lent).
-    :param call: runs a plain callable in the queue's thread pool.
-    :param rate: the dispatch limiter, if any.
-    :param bare: the queue has no stamps (an envelope without hooks may then run its
-        attempt inline).
-    :param dispatch_to: the target of the DISPATCH row.
+    The crew makes what runs and settles its attempts: the deadline timer, the
+    attempt runner (each calls back into the crew: a limit passed, a worker cancelled
+    by someone else) and the outcome interpreter, whose resolved table it performs.
+
+    :param config: the queue's settings (its name, workers, dispatch rate, stamps, hook
+        budgets, failure limiter, whether unhandled failures are logged).
+    :param host: the queue's entry routines.
+    :param life: the lifecycle that made the crew (the rows the workers ask for: the
+        stop drained, the queue abandoned).
     :param status: the queue's lifecycle state (whether the workers dispatch, the stop
         under way).
+    :param store: the holding side (its ready deque, live envelopes and idle workers'
+        futures, lent); ``counts``: the queue's counters; ``threads``: its pool for
+        plain callables; ``clock``: its loop, once known; ``listeners``: its
+        listeners; ``blacklist``: its blacklisted types.
     """
 
     def __init__(
         self,
-        name: str,
+        config: QueueConfig,
         host: Host,
+        life: Life,
         *,
-        size: int,
-        ready: deque[Envelope],
-        live: dict[Envelope, _Rec],
-        idle: deque[asyncio.Future[bool]],
-        outcome_counts: dict[Outcome, int],
-        call: Callable[..., Coroutine[Any, Any, Any]],
-        rate: RateLimiter | None,
-        bare: bool,
-        dispatch_to: EnvState,
         status: Status,
+        store: MemoryStore,
+        counts: Counters,
+        threads: Threads,
+        clock: Clock,
+        listeners: Listeners,
+        blacklist: set[str],
     ) -> None:
-        self._name = name
+        name = self._name = config.name
         self._host = host
+        self._life = life
         self._status = status
-        self._size = size
-        self._ready = ready
-        self._live = live
-        self._plan: dict[Kind, dict[Outcome, Perform]] = {}
-        self._outcome_counts = outcome_counts
-        self._call = call
-        self._rate = rate
-        self._bare = bare
-        self._dispatch_to = dispatch_to
+        self._size = config.workers
+        self._ready = store.ready
+        self._live = store.live
+        self._outcome_counts = counts.outcomes
+        self._call = threads.call
+        self._rate = config.rate
+        self._bare = not config.stamps
+        self._dispatch_to = QUEUE_MOVES[(_READY, _DISPATCH)].targets[None]
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._life: Life | None = None
-        #: The attempt runner and the deadline timer (attached once both exist: each
-        #: calls back into the crew).
-        self.runner: Runner | None = None
-        self.deadlines: Deadlines | None = None
+        #: The deadline timer: the time limits of what the workers run.
+        self.deadlines = Deadlines(clock, self.expire)
+        #: Runs each attempt with its hooks, stamps and time limits.
+        self.runner = Runner(
+            name, config.stamps, config.hook_timeout, threads, clock, self.deadlines, self.abandon
+        )
+        #: Performs the outcome row of each attempt's end.
+        self.settler = Settler(
+            name,
+            limiter=config.limiter,
+            runner=self.runner,
+            enter=host.enter,
+            status=status,
+            live=store.live,
+            ready=store.ready,
+            blacklist=blacklist,
+            listeners=listeners,
+            log_unhandled=config.log_unhandled,
+            clock=clock,
+        )
+        self._plan = self.settler.plan
         #: The workers of the current run (start).
         self.workers: list[Worker] = []
         #: Idle workers' wake-up futures (True: work is ready; False: exit).
-        self.idle = idle
+        self.idle = store.idle
         #: The run (start) of the queue the current workers belong to.
         self.epoch = 0
-
-    def attach(
-        self,
-        runner: Runner,
-        deadlines: Deadlines,
-        plan: dict[Kind, dict[Outcome, Perform]],
-        life: Life,
-    ) -> None:
-        """The attempt runner, the deadline timer, the resolved outcome table and the
-        queue's lifecycle the workers use."""
-        self.runner = runner
-        self.deadlines = deadlines
-        self._plan = plan
-        self._life = life
 
     def spawn(self, loop: asyncio.AbstractEventLoop) -> None:
         """Begin a new run: a fresh set of workers on ``loop`` (workers of an earlier
@@ -232,10 +238,7 @@ class Crew:
         life = self._life
         status = self._status
         loop, runner, deadlines = self._loop, self.runner, self.deadlines
-        assert life is not None
         assert loop is not None
-        assert runner is not None
-        assert deadlines is not None
         ready = self._ready
         idle = self.idle
         live = self._live
@@ -347,7 +350,6 @@ class Crew:
         for w in self.workers:
             if w.expiry < math.inf:
                 return
-        assert self.deadlines is not None
         self.deadlines.disarm()
 
     def abandon(self, w: Worker) -> None:
@@ -362,5 +364,4 @@ class Crew:
             w.cancel_cause = CancelCause.STOP
         if w.epoch != self.epoch:
             return  # a worker of an earlier run, on its way out
-        assert self._life is not None
         self._life.abandoned()

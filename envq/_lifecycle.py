@@ -17,6 +17,7 @@ from typing import Final, Protocol, assert_never
 from envq import _machine
 from envq._admission import Admission, RoomWaiters
 from envq._attempt import Threads, Worker
+from envq._config import QueueConfig
 from envq._crew import Crew
 from envq._envelope import Envelope
 from envq._first_run import calendar_delay, unschedulable
@@ -36,7 +37,7 @@ from envq._moves import Mover
 from envq._reports import Event, StopReport
 from envq._stats import Counters, Status, StopRun, call_refused, check_stays, report
 from envq._store import MemoryStore
-from envq._timers import Deadlines
+from envq._timers import Clock
 from envq._values import StopMode
 
 __all__ = ["Host", "Lifecycle"]
@@ -63,16 +64,20 @@ class Host(Protocol):
 class Lifecycle:
     """The lifecycle machine of one queue, performed.
 
-    :param host: the queue (its entry routines and loop).
+    The lifecycle makes the queue's crew (a start spawns its workers, a stop retires
+    them, and the workers ask for the rows that end a stop or abandon the queue).
+
+    :param config: the queue's settings.
+    :param host: the queue (its loop, who is inside one of its attempts).
     :param status: the queue's lifecycle state, which only this writes.
     :param store: the holding side; ``mover``: the entry routines; the admission, the
-        producers waiting for room, crew, deadline timer, thread pool, counters and listeners are
-        the queue's own, lent.
+        producers waiting for room, thread pool, counters, listeners, clock and
+        blacklist are the queue's own, lent.
     """
 
     def __init__(
         self,
-        name: str,
+        config: QueueConfig,
         host: Host,
         *,
         status: Status,
@@ -80,13 +85,13 @@ class Lifecycle:
         mover: Mover,
         admission: Admission,
         room: RoomWaiters,
-        crew: Crew,
-        deadlines: Deadlines,
         threads: Threads,
         counts: Counters,
         listeners: Listeners,
+        clock: Clock,
+        blacklist: set[str],
     ) -> None:
-        self._name = name
+        self._name = config.name
         self._host = host
         self._store = store
         self._live = store.live
@@ -94,8 +99,21 @@ class Lifecycle:
         self._mover = mover
         self._admission = admission
         self._room = room
-        self._crew = crew
-        self._deadlines = deadlines
+        #: The workers (with their deadline timer, attempt runner and outcome
+        #: interpreter).
+        self.crew = self._crew = Crew(
+            config,
+            mover,
+            self,
+            status=status,
+            store=store,
+            counts=counts,
+            threads=threads,
+            clock=clock,
+            listeners=listeners,
+            blacklist=blacklist,
+        )
+        self._deadlines = self.crew.deadlines
         self._threads = threads
         self._counts = counts
         self._listeners = listeners

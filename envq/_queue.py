@@ -29,9 +29,9 @@ import attrs
 
 from envq import _checks, _machine
 from envq._admission import Admission, RoomWaiters
-from envq._attempt import Runner, Threads, Worker
+from envq._attempt import Threads, Worker
 from envq._config import DeadLetter, QueueConfig
-from envq._crew import ATTEMPT, HOSTED, Crew
+from envq._crew import ATTEMPT, HOSTED
 from envq._entry import check_own_loop, keep_alive, running_loop
 from envq._envelope import Envelope, Stamp, _Rec, is_async_callable
 from envq._first_run import first_delay
@@ -40,7 +40,6 @@ from envq._limits import RateLimiter
 from envq._listeners import Listener, Listeners
 from envq._machine import (
     LIFECYCLE,
-    QUEUE_MOVES,
     SETTLED,
     CancelCause,
     EnvEvent,
@@ -59,12 +58,11 @@ from envq._notify import (
     on_first_signal,
 )
 from envq._operator import Operator, OperatorCalls
-from envq._outcomes import Settler
 from envq._protocol import DONE, Count, Done, QueueProtocol, count
 from envq._reports import StopReport
 from envq._stats import Counters, Status, check_arrives
 from envq._store import MemoryStore
-from envq._timers import Clock, Deadlines
+from envq._timers import Clock
 from envq._values import HookTimeout, Statistics, StopMode
 
 __all__ = ["Attempt", "Queue", "current_attempt"]
@@ -186,32 +184,6 @@ class Queue(OperatorCalls):
         )
         self._live = store.live
         self._threads = Threads(threads or min(32, workers + 4), f"envq-{name}")
-        # The crew, the deadline timer, the attempt runner, the outcome interpreter and
-        # the lifecycle call back into one another: made in that order, then attached.
-        self._crew = Crew(
-            name,
-            mover,
-            size=workers,
-            ready=store.ready,
-            live=store.live,
-            idle=store.idle,
-            outcome_counts=self._counts.outcomes,
-            call=self._threads.call,
-            rate=rate,
-            bare=not config.stamps,
-            dispatch_to=QUEUE_MOVES[(EnvState.READY, EnvEvent.DISPATCH)].targets[None],
-            status=status,
-        )
-        self._deadlines = Deadlines(clock, self._crew.expire)
-        self._runner = Runner(
-            name,
-            config.stamps,
-            hook_timeout,
-            self._threads,
-            clock,
-            self._deadlines,
-            self._crew.abandon,
-        )
         self._admission = admission = Admission(
             name,
             capacity,
@@ -227,34 +199,24 @@ class Queue(OperatorCalls):
             listeners=self._events,
         )
         self._admit = admission.admit
-        self._settler = Settler(
-            name,
-            limiter=limiter,
-            runner=self._runner,
-            enter=mover.enter,
-            status=status,
-            live=store.live,
-            ready=store.ready,
-            blacklist=self._blacklist,
-            listeners=self._events,
-            log_unhandled=log_unhandled,
-            clock=clock,
-        )
+        # The lifecycle makes the crew, and the crew what runs and settles its attempts.
         self._lc = Lifecycle(
-            name,
+            config,
             self,
             status=status,
             store=store,
             mover=mover,
             admission=admission,
             room=room,
-            crew=self._crew,
-            deadlines=self._deadlines,
             threads=self._threads,
             counts=self._counts,
             listeners=self._events,
+            clock=clock,
+            blacklist=self._blacklist,
         )
-        self._crew.attach(self._runner, self._deadlines, self._settler.plan, self._lc)
+        self._crew = crew = self._lc.crew
+        self._deadlines = crew.deadlines
+        self._settler = crew.settler
         self._operator = Operator(
             name,
             store=store,

@@ -239,6 +239,9 @@ def longest_chain(graph: dict[str, set[str]]) -> list[str]:
     return max((chain(node) for node in sorted(graph)), key=len, default=[])
 
 
+#: The names of methods that wire a part after it is made.
+WIRING = frozenset({"attach", "bind"})
+
 #: The longest chain of envq modules importing one another today (every import
 #: counted, type-only ones too; a package's re-exports not): a ceiling that only
 #: comes down as the layout is flattened.
@@ -266,6 +269,17 @@ class TestLayout:
         modules = {m: deps - packages for m, deps in graph.items() if m not in packages}
         chain = longest_chain(modules)
         assert len(chain) <= CHAIN_CEILING, " -> ".join(chain)
+
+    def test_no_part_is_wired_after_it_is_made(self) -> None:
+        """Parts are made in dependency order, each given what it needs: no method of
+        envq attaches a part or binds a loop once the part exists."""
+        wiring = [
+            f"{path.relative_to(ROOT)}:{node.lineno} {node.name}()"
+            for path in sorted(ROOT.rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.FunctionDef) and node.name in WIRING
+        ]
+        assert wiring == []
 
     def test_a_chain_is_measured(self) -> None:
         """The chain finder can fail: it finds the longest of two chains."""
