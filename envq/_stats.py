@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 
 from envq import _machine
+from envq._checks import show
 from envq._envelope import Envelope
 from envq._machine import (
     INITIAL_QUEUE,
@@ -174,7 +175,7 @@ def call_refused(
     state)."""
     assert row.error is not None
     counts.rejections[Rejection.STATE] += 1
-    about = ", ".join(env.label() if isinstance(env, Envelope) else repr(env) for env in batch[:3])
+    about = ", ".join(env.label() if isinstance(env, Envelope) else show(env) for env in batch[:3])
     return row.error(
         f"queue {name!r} is {state.name}: {call.value}() is not allowed"
         + (f" ({about}{', …' if len(batch) > 3 else ''})" if batch else "")

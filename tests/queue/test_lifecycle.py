@@ -312,6 +312,19 @@ class TestStopped:
         assert type(info.value) is envq.QueueNotRunning
         assert snapshot(q, trace) == before
 
+    async def test_a_refused_send_names_what_it_was_given_briefly(self) -> None:
+        """A send refused by the queue's state names the first things it was given, each
+        shown bounded: a large object does not grow the message."""
+        trace = Trace()
+        q, _ = await in_state(QS.STOPPED, trace)
+        huge = list(range(100_000))
+        with pytest.raises(envq.QueueNotRunning) as info:
+            q.send(huge)  # type: ignore[arg-type]
+        message = str(info.value)
+        assert "send() is not allowed" in message
+        assert "[0, 1, 2" in message
+        assert len(message) < 1000
+
     async def test_stop_returns_last_report(self) -> None:
         """stop() in STOPPED is a no-op returning the last final report."""
         trace = Trace()
