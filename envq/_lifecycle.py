@@ -101,7 +101,7 @@ class Lifecycle:
         self._room = room
         #: The workers (with their deadline timer, attempt runner and outcome
         #: interpreter).
-        self.crew = self._crew = Crew(
+        self.crew = Crew(
             config,
             mover,
             self,
@@ -113,7 +113,6 @@ class Lifecycle:
             listeners=listeners,
             blacklist=blacklist,
         )
-        self._deadlines = self.crew.deadlines
         self._threads = threads
         self._counts = counts
         self._listeners = listeners
@@ -125,15 +124,6 @@ class Lifecycle:
     def state(self) -> QueueState:
         """The queue's lifecycle state (the status's one field)."""
         return self.status.state
-
-    @property
-    def run(self) -> StopRun | None:
-        """The stop under way, if any."""
-        return self.status.run
-
-    def row(self, call: QueueCall) -> LifeRow:
-        """The row of ``call`` in the current state."""
-        return LIFECYCLE[(self.state, call)]
 
     def perform(
         self,
@@ -214,7 +204,7 @@ class Lifecycle:
         # their envelopes enter READY/DELAYED by admission, not by START, and queue up
         # behind the earlier ones.
         self.set_state(row.target, pump=False)
-        self._crew.spawn(loop)
+        self.crew.spawn(loop)
         # The event a start applies to the live envelopes, read off the table both
         # stores share (a start arms, a stop parks, a terminate hands back).
         (arms,) = BROADCASTS[LifeAction.ARM]
@@ -266,20 +256,21 @@ class Lifecycle:
 
     def cancel_in_flight(self, cause: CancelCause | None) -> None:
         if cause is not None:
-            self._crew.cancel_in_flight(cause, self.run.spared if self.run else None)
+            run = self.status.run
+            self.crew.cancel_in_flight(cause, run.spared if run else None)
 
     def check_drained(self) -> None:
-        if self._ready or self.state is not _STOPPING_Q or self._crew.busy():
+        if self._ready or self.state is not _STOPPING_Q or self.crew.busy():
             return
         self.perform(LIFECYCLE[(self.state, QueueCall.DRAINED)], QueueCall.DRAINED)
 
     def finish_stop(self, row: LifeRow) -> None:
         self.set_state(row.target)
-        self._deadlines.disarm()  # no worker holds an envelope: no limit is running
+        self.crew.deadlines.disarm()  # no worker holds an envelope: no limit is running
         self.last_report = self.make_report()
         run = self.status.run
         self.status.run = None
-        self._crew.retire_idle()
+        self.crew.retire_idle()
         if run is not None and not run.done.done():
             run.done.set_result(None)
         self.status.wake_stopped()
@@ -294,12 +285,12 @@ class Lifecycle:
             assert to is not None, rec.state
             self._mover.enter(env, rec, hands_back, to)
         self._threads.shutdown()
-        self._deadlines.disarm()
+        self.crew.deadlines.disarm()
         self.status.wake_stopped()
 
     def make_report(self) -> StopReport:
         return report(
-            self.run,
+            self.status.run,
             (env for env, rec in self._live.items() if rec.state is _PARKED),
             self.state in SETTLED,
         )

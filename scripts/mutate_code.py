@@ -109,8 +109,8 @@ MUTANTS: Final[tuple[CodeMutant, ...]] = (
     _m(
         "queue-drained-ignores-ready",
         "_lifecycle.py",
-        "        if self._ready or self.state is not _STOPPING_Q or self._crew.busy():\n",
-        "        if self.state is not _STOPPING_Q or self._crew.busy():\n",
+        "        if self._ready or self.state is not _STOPPING_Q or self.crew.busy():\n",
+        "        if self.state is not _STOPPING_Q or self.crew.busy():\n",
         "a DRAIN stop completes before the ready envelopes have run",
     ),
     _m(

@@ -208,3 +208,22 @@ def test_the_default_node_name_fits_whatever_the_host_is_called(
     q = PgQueue("postgresql://u@/d", "q")
     assert len(q.node) <= MAX_NODE_NAME
     assert q.node.startswith("hhh")
+
+
+def test_each_hook_is_stored_in_its_own_column() -> None:
+    """An envelope's four hooks are encoded each under its own column, in the order
+    :data:`envq.postgres._codec.HOOKS` names them (the encoder spells the order out)."""
+    from envq.postgres._codec import HOOKS, callable_name, encode  # noqa: PLC0415
+
+    env = envq.Envelope(
+        invoke=pg_jobs.noop,
+        before=pg_jobs.plain,
+        after=pg_jobs.note_attempt,
+        on_success=pg_jobs.slow,
+        on_failure=pg_jobs.retry_then_drop,
+    )
+    encoded = encode(env, "test")
+    stored = dict(zip((attr for attr, _column in HOOKS), encoded.hooks, strict=True))
+    expected = {attr: callable_name(getattr(env, attr), attr, "test") for attr, _ in HOOKS}
+    assert stored == expected
+    assert len(set(stored.values())) == 4
